@@ -1,0 +1,53 @@
+"""Sapiens2 human-vision models: backbone + task heads, pipelines, rendering and exports.
+
+Public names are imported lazily so that ``import sapiens2`` stays cheap (the app imports it
+before ``spaces`` decides where CUDA lives).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import CheckpointError, InputImageError, OptionError, Sapiens2Error, WeightsUnavailableError
+from .zoo import TASKS, get_task
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "load_model": ".loading",
+    "describe_checkpoint": ".loading",
+    "load_image": ".imaging",
+    "PersonDetector": ".detect",
+    "detect_people": ".detect",
+    "PosePipeline": ".tasks.pose",
+    "SegPipeline": ".tasks.seg",
+    "NormalPipeline": ".tasks.normal",
+    "PointmapPipeline": ".tasks.pointmap",
+    "MattingPipeline": ".tasks.matting",
+    "FeaturesPipeline": ".tasks.features",
+    "pipeline": ".tasks",
+}
+# short module aliases, e.g. ``sapiens2.pose.decode_heatmaps``
+_MODULES = {"pose": ".tasks.pose"}
+
+__all__ = [
+    "TASKS",
+    "CheckpointError",
+    "InputImageError",
+    "OptionError",
+    "Sapiens2Error",
+    "WeightsUnavailableError",
+    "get_task",
+    *_LAZY,
+    *_MODULES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name], __name__)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'sapiens2' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Networks: the Sapiens2 backbone, the task heads and the task model that joins them."""

@@ -1,0 +1,108 @@
+"""What every task pipeline shares: the result base type and the pipeline base class.
+
+A pipeline = one loaded model + the task's pre/post-processing. ``pipeline(image, **options)``
+does the heavy tensor work (the only part the Space runs inside its GPU function) and returns a
+result holding CPU numpy arrays at the original image size. ``result.render(...)`` and
+``result.save(dir)`` run on the CPU afterwards and never touch the model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..zoo import TaskSpec, get_task
+
+
+@dataclass
+class RunInfo:
+    """How a result was made; shown under each result in the app."""
+
+    task: str
+    size: str | None
+    device: str
+    dtype: str
+    model_s: float = 0.0  # time spent in model forwards (synchronised)
+    total_s: float = 0.0  # intake + preprocessing + model + postprocessing
+
+    def line(self) -> str:
+        size = self.size or "custom"
+        return (
+            f"{self.task} {size} · {self.device} · {self.dtype} · "
+            f"model {self.model_s:.2f} s · total {self.total_s:.2f} s"
+        )
+
+
+@dataclass
+class TaskResult:
+    """Base of every task's result: the upright input image plus how it was processed."""
+
+    image: np.ndarray  # (H, W, 3) uint8 RGB, original size, EXIF-upright
+    info: RunInfo
+    notices: list[str] = field(default_factory=list)  # things the user should know (fallbacks, caps)
+    downscaled: bool = False  # inference ran on a downscaled copy; arrays were mapped back
+    name: str = "image"  # stem for export file names (never a user-controlled path)
+
+    def render(self, **options: Any) -> np.ndarray:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def save(self, out_dir: str | Path) -> list[Path]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def summary(self) -> dict[str, Any]:
+        """A small JSON-friendly description (sizes, counts, notices) for UIs and logs."""
+        return {
+            "task": self.info.task,
+            "size": self.info.size,
+            "image_size": [int(self.image.shape[1]), int(self.image.shape[0])],
+            "downscaled": self.downscaled,
+            "notices": list(self.notices),
+            "run": self.info.line(),
+        }
+
+
+def model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    p = next(model.parameters())
+    return p.device, p.dtype
+
+
+class Pipeline:
+    """Base class: holds a loaded model and can be reused across images."""
+
+    task: ClassVar[str]
+
+    def __init__(
+        self,
+        size: str | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        checkpoint: str | Path | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        from ..loading import load_model
+
+        self.spec: TaskSpec = get_task(self.task)
+        if model is None:
+            model = load_model(self.task, size, checkpoint=checkpoint, device=device, dtype=dtype)
+        self.model = model
+        self.size: str | None = getattr(model, "size", size)
+        self.device, self.dtype = model_device_dtype(model)
+
+    def run_info(self) -> RunInfo:
+        return RunInfo(self.task, self.size, str(self.device), str(self.dtype).replace("torch.", ""))
+
+    def timed_forward(self, info: RunInfo, pixel_values: torch.Tensor) -> Any:
+        """One model forward, its time added to ``info.model_s`` (synchronised on CUDA)."""
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model(pixel_values.to(self.device, self.dtype))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        info.model_s += time.perf_counter() - t0
+        return out

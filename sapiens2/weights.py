@@ -1,0 +1,132 @@
+"""Finding and reading weight files: explicit path -> $SAPIENS2_CHECKPOINTS -> Hugging Face Hub cache.
+
+Only safetensors are ever read (nothing is unpickled). Nothing here knows about model classes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from .errors import CheckpointError, WeightsUnavailableError
+
+ENV_VAR = "SAPIENS2_CHECKPOINTS"
+
+
+def local_root() -> Path | None:
+    """The local checkpoint root named by ``$SAPIENS2_CHECKPOINTS``, if set."""
+    root = os.environ.get(ENV_VAR, "").strip()
+    return Path(root).expanduser() if root else None
+
+
+def _pick_in_folder(folder: Path, filenames: Sequence[str]) -> Path:
+    for name in (*filenames, "model.safetensors"):
+        if (folder / name).is_file():
+            return folder / name
+    found = sorted(folder.glob("*.safetensors"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise WeightsUnavailableError(f"No .safetensors file in the folder {folder}.")
+    names = ", ".join(p.name for p in found[:5])
+    raise WeightsUnavailableError(
+        f"The folder {folder} holds several .safetensors files ({names}); pass the file itself."
+    )
+
+
+def find_weights(
+    repo_id: str,
+    filenames: Sequence[str],
+    local_path: str,
+    checkpoint: str | os.PathLike | None = None,
+    revision: str | None = None,
+) -> Path:
+    """Return the path of a weight file, looking in this order:
+
+    1. ``checkpoint``: a .safetensors file, or a folder holding one;
+    2. ``$SAPIENS2_CHECKPOINTS/<local_path>`` (the release's layout, e.g. ``pose/sapiens2_0.4b_pose.safetensors``);
+    3. the Hub via ``huggingface_hub`` (its cache; each of ``filenames`` in turn, then ``model.safetensors``).
+    """
+    if checkpoint is not None:
+        path = Path(checkpoint).expanduser()
+        if path.is_dir():
+            return _pick_in_folder(path, filenames)
+        if path.is_file():
+            return path
+        raise WeightsUnavailableError(f"Checkpoint {path} does not exist.")
+
+    root = local_root()
+    if root is not None:
+        candidate = root / local_path
+        if candidate.is_file():
+            return candidate
+        root_note = f" (${ENV_VAR}={root} is set but {candidate} does not exist)"
+    else:
+        root_note = ""
+
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    tried = list(dict.fromkeys([*filenames, "model.safetensors"]))
+    reason = "unknown error"
+    for name in tried:
+        try:
+            return Path(hf_hub_download(repo_id, name, revision=revision))
+        except EntryNotFoundError as err:  # file absent from the repo (online): try the next name
+            reason = f"{type(err).__name__}: {err}"
+            continue
+        except Exception as err:  # offline, timeout, gated repo, no such repo ...
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            break
+    raise WeightsUnavailableError(
+        f"Weights for {repo_id} are not available here{root_note}: could not get {tried[0]} from the "
+        f"Hugging Face Hub ({reason}). Fix it either way: go online so huggingface_hub can download it "
+        f"(https://huggingface.co/{repo_id}; accept the licence there if asked), or download the file "
+        f"yourself and set {ENV_VAR}=/your/root so that /your/root/{local_path} exists."
+    )
+
+
+def read_header(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Tensor names -> shapes, read from the safetensors header only (cheap, no tensor data).
+
+    Raises ``CheckpointError`` for a file that is not a valid safetensors file.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                raise ValueError("file shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n <= 0 or n > min(100_000_000, path.stat().st_size - 8):
+                raise ValueError("bad header length")
+            header = json.loads(fh.read(n))
+        return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file ({err}). Delete it and download it again "
+            "(for the Hub cache: `hf cache delete`, or remove the file)."
+        ) from err
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file (may be empty)."""
+    read_header(path)
+    with safe_open(str(path), framework="pt") as fh:
+        return dict(fh.metadata() or {})
+
+
+def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file, created directly on ``device`` (never unpickles)."""
+    read_header(path)
+    try:
+        return load_file(str(path), device=str(device))
+    except Exception as err:
+        raise CheckpointError(f"Could not read {path}: {err}. Delete it and download it again.") from err

@@ -1,0 +1,149 @@
+"""The model zoo: the one table of tasks, sizes, checkpoints and their conventions.
+
+Everything else (loading, pipelines, the app, the CLI, benchmarks) reads this file; a new task
+is one row in ``TASKS``. Facts come from the Sapiens2 release and its Hub model cards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Preprocess = Literal["crop", "stretch", "pad"]
+
+#: Network input (height, width) for every task checkpoint; the 1b-4k backbone takes 4x this.
+INPUT_SIZE: tuple[int, int] = (1024, 768)
+PATCH_SIZE = 16
+NUM_REGISTER_TOKENS = 8
+IMAGE_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGE_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+HUB_ORG = "facebook"
+WEIGHTS_LICENSE = "Sapiens2 License (see the model cards on the Hub)"
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One backbone size as published (the loader still reads real widths from the checkpoint)."""
+
+    size: str
+    hidden: int
+    layers: int
+    heads: int
+    head_dim: int
+    ffn_hidden: int
+    params_b: float
+    tflops_1024x768: float | None
+    tokenizer_layers: int = 0  # > 0 only for the 4K window tokenizer
+
+
+ARCHS: dict[str, Arch] = {
+    a.size: a
+    for a in (
+        Arch("0.1b", 768, 12, 12, 64, 3072, 0.114, 0.342),
+        Arch("0.4b", 1024, 24, 16, 64, 4096, 0.398, 1.260),
+        Arch("0.8b", 1280, 32, 16, 80, 5120, 0.818, 2.592),
+        Arch("1b", 1536, 40, 24, 64, 6144, 1.462, 4.715),
+        Arch("1b-4k", 1536, 40, 24, 64, 6144, 1.607, None, tokenizer_layers=4),
+        Arch("5b", 2432, 56, 32, 76, 9728, 5.071, 15.722),
+    )
+}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task row: which checkpoints exist and how images go in and results come out."""
+
+    name: str  # short id used in file names, the CLI and the API
+    title: str  # human name for the UI
+    sizes: tuple[str, ...]
+    preprocess: Preprocess  # crop: top-down person crops; stretch: plain resize; pad: letterbox
+    output: str  # what the model returns (see sapiens2.nn.outputs)
+    head: str | None  # head kind in sapiens2.nn.heads, None for the bare backbone
+    num_outputs: int | None  # output channels of the head
+    default_size_gpu: str
+    default_size_cpu: str
+
+    def repo_id(self, size: str) -> str:
+        self.check_size(size)
+        return f"{HUB_ORG}/sapiens2-{self.name}-{size}"
+
+    def filename(self, size: str) -> str:
+        """The original release file name (the Hub repos also hold ``model.safetensors``)."""
+        self.check_size(size)
+        return f"sapiens2_{size}_{self.name}.safetensors"
+
+    def local_path(self, size: str) -> str:
+        """Relative path under ``$SAPIENS2_CHECKPOINTS`` (the release's folder layout)."""
+        return f"{self.name}/{self.filename(size)}"
+
+    def input_size(self, size: str) -> tuple[int, int]:
+        return (4 * INPUT_SIZE[0], 4 * INPUT_SIZE[1]) if size.endswith("-4k") else INPUT_SIZE
+
+    def default_size(self, cuda: bool) -> str:
+        return self.default_size_gpu if cuda else self.default_size_cpu
+
+    def check_size(self, size: str) -> None:
+        if size not in self.sizes:
+            from .errors import OptionError
+
+            raise OptionError(
+                f"Size {size!r} does not exist for {self.name}; choose one of: {', '.join(self.sizes)}."
+            )
+
+
+_SIZES4 = ("0.4b", "0.8b", "1b", "5b")
+
+TASKS: dict[str, TaskSpec] = {
+    t.name: t
+    for t in (
+        TaskSpec("pose", "Pose (308 keypoints)", _SIZES4, "crop", "heatmaps", "deconv", 308, "1b", "0.4b"),
+        TaskSpec("seg", "Body parts (29 classes)", _SIZES4, "stretch", "logits", "deconv", 29, "1b", "0.4b"),
+        TaskSpec("normal", "Surface normals", _SIZES4, "pad", "normals", "pixel_shuffle", 3, "1b", "0.4b"),
+        TaskSpec("pointmap", "Pointmap / 3D", _SIZES4, "pad", "pointmap", "pointmap", 3, "1b", "0.4b"),
+        TaskSpec("matting", "Matting", ("1b",), "stretch", "matting", "pixel_shuffle", 4, "1b", "1b"),
+        TaskSpec(
+            "pretrain",
+            "Features (backbone)",
+            ("0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"),
+            "stretch",
+            "features",
+            None,
+            None,
+            "0.1b",
+            "0.1b",
+        ),
+    )
+}
+
+#: Pointmap scale = canonical focal / actual focal, canonical focal in network-input pixels.
+POINTMAP_CANONICAL_FOCAL = 768.0
+
+
+@dataclass(frozen=True)
+class DetectorSpec:
+    """The person detector used for top-down pose (see sapiens2.detect)."""
+
+    repo_id: str
+    filename: str
+    revision: str | None
+    local_path: str  # relative path under $SAPIENS2_CHECKPOINTS
+    license: str
+
+
+DETECTOR = DetectorSpec(
+    repo_id="facebook/detr-resnet-50",
+    filename="model.safetensors",
+    revision=None,
+    local_path="detector/detr-resnet-50.safetensors",
+    license="Apache-2.0",
+)
+
+
+def get_task(task: str) -> TaskSpec:
+    """Look a task up by name, with an error that lists the valid names."""
+    try:
+        return TASKS[task]
+    except KeyError:
+        from .errors import OptionError
+
+        raise OptionError(f"Unknown task {task!r}; choose one of: {', '.join(TASKS)}.") from None
