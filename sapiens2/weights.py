@@ -72,25 +72,42 @@ def find_weights(
         root_note = ""
 
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     tried = list(dict.fromkeys([*filenames, "model.safetensors"]))
-    reason = "unknown error"
+    reasons: list[str] = []
+    local_only = False
     for name in tried:
         try:
-            return Path(hf_hub_download(repo_id, name, revision=revision))
-        except EntryNotFoundError as err:  # file absent from the repo (online): try the next name
-            reason = f"{type(err).__name__}: {err}"
-            continue
-        except Exception as err:  # offline, timeout, gated repo, no such repo ...
-            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            return Path(hf_hub_download(repo_id, name, revision=revision, local_files_only=local_only))
+        except EntryNotFoundError as err:  # not in the repo, or not in the cache: try the next name
+            reasons.append(_hub_reason(err))
+            # Local* = the Hub could not be asked (offline, timeout, no connection): the next names
+            # are looked up in the cache only, so a timeout is not waited out once per name.
+            local_only = local_only or isinstance(err, LocalEntryNotFoundError)
+        except Exception as err:  # gated repo, no such repo ...
+            reasons.append(_hub_reason(err))
             break
+    reason = reasons[0] if reasons else "unknown error"  # the first name's, as the message names it
     raise WeightsUnavailableError(
         f"Weights for {repo_id} are not available here{root_note}: could not get {tried[0]} from the "
         f"Hugging Face Hub ({reason}). Fix it either way: go online so huggingface_hub can download it "
         f"(https://huggingface.co/{repo_id}; accept the licence there if asked), or download the file "
         f"yourself and set {ENV_VAR}=/your/root so that /your/root/{local_path} exists."
     )
+
+
+def _hub_reason(err: BaseException) -> str:
+    """A one-line reason for a failed Hub download, naming the network cause when there is one:
+    huggingface_hub wraps a timeout or a refused connection in a generic "cannot find" error."""
+    first = lambda e: f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"  # noqa: E731
+    reason = first(err)
+    cause = err.__cause__ or err.__context__
+    if cause is not None and cause is not err:
+        reason += f"; cause: {first(cause)}"
+    if any("timeout" in type(e).__name__.lower() for e in (err, cause) if e is not None):
+        reason += "; the Hub did not answer in time, so trying again later may work"
+    return reason
 
 
 def read_header(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:

@@ -4,6 +4,12 @@ A pipeline = one loaded model + the task's pre/post-processing. ``pipeline(image
 does the heavy tensor work (the only part the Space runs inside its GPU function) and returns a
 result holding CPU numpy arrays at the original image size. ``result.render(...)`` and
 ``result.save(dir)`` run on the CPU afterwards and never touch the model.
+
+Shared steps: ``_prepare(image)`` reads any accepted input (path, bytes, PIL, numpy or an
+already-made :class:`~sapiens2.imaging.Intake`, so one upload can feed several pipelines) into an
+upright original plus the working copy inference uses (long side <= ``max_side``);
+``timed_forward`` runs the model once and adds its synchronised time to ``RunInfo.model_s``;
+pipelines set ``RunInfo.total_s`` from their own start to the CPU arrays being ready.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ..imaging import DEFAULT_MAX_SIDE, ImageSource, Intake, load_image
 from ..zoo import TaskSpec, get_task
 
 
@@ -29,6 +36,9 @@ class RunInfo:
     dtype: str
     model_s: float = 0.0  # time spent in model forwards (synchronised)
     total_s: float = 0.0  # intake + preprocessing + model + postprocessing
+    #: perf_counter() when the first forward started: splits total_s into before / after the
+    #: model for stage timing (bench/request.py) without timers inside the pipelines
+    forward_started: float | None = None
 
     def line(self) -> str:
         size = self.size or "custom"
@@ -75,6 +85,8 @@ class Pipeline:
     """Base class: holds a loaded model and can be reused across images."""
 
     task: ClassVar[str]
+    #: long-side limit of the working copy (see sapiens2.imaging.load_image); settable per instance
+    max_side: int = DEFAULT_MAX_SIDE
 
     def __init__(
         self,
@@ -93,16 +105,29 @@ class Pipeline:
         self.model = model
         self.size: str | None = getattr(model, "size", size)
         self.device, self.dtype = model_device_dtype(model)
+        if self.device.type == "cpu":
+            from ..accel import configure_cpu_threads
+
+            configure_cpu_threads()  # once per process; only ever lowers an oversubscribed count
+
+    def _prepare(self, image: ImageSource | Intake) -> Intake:
+        """Image intake shared by every task (raises InputImageError on unusable input)."""
+        return load_image(image, max_side=self.max_side)
 
     def run_info(self) -> RunInfo:
         return RunInfo(self.task, self.size, str(self.device), str(self.dtype).replace("torch.", ""))
 
     def timed_forward(self, info: RunInfo, pixel_values: torch.Tensor) -> Any:
         """One model forward, its time added to ``info.model_s`` (synchronised on CUDA)."""
+        cuda = self.device.type == "cuda"
+        if cuda:  # queued preprocessing kernels must not be billed to the model
+            torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
+        if info.forward_started is None:
+            info.forward_started = t0
         with torch.inference_mode():
             out = self.model(pixel_values.to(self.device, self.dtype))
-        if self.device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(self.device)
         info.model_s += time.perf_counter() - t0
         return out

@@ -1,0 +1,411 @@
+"""Files people download: PNG, NPY, JSON (Sapiens-308, COCO-17, OpenPose BODY_25), PLY, GLB.
+
+Every writer takes a path and returns the Path it wrote. File names come from ``safe_path``:
+a caller's name is reduced to [A-Za-z0-9_-] so it can never leave the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from .errors import InputImageError, OptionError
+from .metadata import BODY25_PAIRS, COCO17_INDEX, COCO17_NAMES, KEYPOINT_NAMES, NUM_KEYPOINTS
+from .render import finite_f32, to_uint8
+
+GLB_MAX_POINTS = 300_000  # a browser viewer stays responsive below this; the PLY keeps every point
+_STEM_MAX = 80
+
+# COCO person skeleton (1-based keypoint ids), as in the COCO keypoint annotations
+COCO17_SKELETON = [
+    [16, 14], [14, 12], [17, 15], [15, 13], [12, 13], [6, 12], [7, 13], [6, 7], [6, 8], [7, 9],
+    [8, 10], [9, 11], [2, 3], [1, 2], [1, 3], [2, 4], [3, 5], [4, 6], [5, 7],
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------- names and paths
+
+
+def safe_stem(name: Any, default: str = "image") -> str:
+    """A file-name stem made only of [A-Za-z0-9_-] (other runs -> '_'), at most 80 chars."""
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(str(name)).stem if name is not None else "")
+    stem = stem.strip("_-")[:_STEM_MAX].strip("_-")
+    return stem or default
+
+
+def safe_path(out_dir: str | Path, name: Any, suffix: str) -> Path:
+    """out_dir / (safe_stem(name) + suffix); the suffix is checked too (e.g. '.png', '_alpha.png')."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{0,40}", suffix) or ".." in suffix:
+        raise OptionError(f"File suffix {suffix!r} may only use letters, digits, '_', '-' and '.' (no '..').")
+    base = Path(out_dir)
+    path = base / f"{safe_stem(name)}{suffix}"
+    if path.parent != base:  # cannot happen after sanitising; kept as the last line of defence
+        raise OptionError(f"Refusing to write outside {base}: {path}.")
+    return path
+
+
+def _prepare(path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+# ---------------------------------------------------------------- images and arrays
+
+
+def write_png(path: str | Path, image: Any) -> Path:
+    """PNG of a uint8 (or uint16) gray (H, W), RGB (H, W, 3) or RGBA (H, W, 4) array; bool -> 0/255.
+
+    Written with fast compression (level 1): large photos would otherwise take seconds.
+    """
+    arr = np.asarray(image)
+    if arr.dtype == bool:
+        arr = arr.astype(np.uint8) * 255
+    if arr.dtype not in (np.uint8, np.uint16):
+        raise InputImageError(f"write_png needs a uint8/uint16 image, got dtype {arr.dtype}.")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (3, 4))) or 0 in arr.shape:
+        raise InputImageError(f"write_png needs an (H, W), (H, W, 3) or (H, W, 4) image, got {arr.shape}.")
+    if arr.ndim == 3:  # cv2 writes BGR(A)
+        arr = cv2.cvtColor(arr, cv2.COLOR_RGB2BGR if arr.shape[2] == 3 else cv2.COLOR_RGBA2BGRA)
+    ok, buf = cv2.imencode(".png", arr, [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    if not ok:  # pragma: no cover - cv2 encodes any array that passed the checks above
+        raise InputImageError(f"Could not encode a PNG of shape {arr.shape}.")
+    p = _prepare(path)
+    p.write_bytes(buf.tobytes())  # write_bytes: cv2.imwrite mishandles non-ASCII paths on some systems
+    return p
+
+
+def write_npy(path: str | Path, array: Any, dtype: Any = None) -> Path:
+    """np.save of the array, cast to dtype if given (finite values clipped to a float dtype's range)."""
+    arr = np.asarray(array)
+    if dtype is not None:
+        dt = np.dtype(dtype)
+        if dt.kind == "f" and arr.dtype.kind == "f":
+            lim = float(np.finfo(dt).max)
+            arr = np.clip(arr, -lim, lim)  # NaN stays NaN (missing); big values do not become inf
+        arr = arr.astype(dt)
+    p = _prepare(path)
+    with open(p, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
+    return p
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON types: numpy scalars/arrays -> Python, NaN/inf -> None, tuples -> lists."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """UTF-8 JSON; NaN/inf become null so every JSON reader accepts the file."""
+    text = json.dumps(jsonable(obj), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    p = _prepare(path)
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def rgba_cutout(foreground: Any, alpha: Any) -> np.ndarray:
+    """(H, W, 4) uint8 RGBA from premultiplied fg (H, W, 3) and alpha (H, W) in [0, 1].
+
+    Colour = fg / alpha where alpha >= 1/255 (else 0), clipped; NaN/inf count as 0.
+    """
+    fg = finite_f32(foreground)
+    a = finite_f32(alpha)
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[:, :, 0]
+    if fg.ndim != 3 or fg.shape[2] != 3 or a.shape != fg.shape[:2]:
+        raise InputImageError(
+            f"Expected foreground (H, W, 3) and alpha (H, W), got {fg.shape} and {a.shape}."
+        )
+    a = np.clip(a, 0.0, 1.0)
+    # 255 / alpha where visible, else 0: one multiply un-premultiplies and scales to 0..255
+    gain = np.divide(np.float32(255.0), a, out=np.zeros_like(a), where=a >= 1.0 / 255.0)
+    rgb = cv2.multiply(fg, cv2.merge([gain] * 3), dtype=cv2.CV_8U)  # saturating: clips to 0..255
+    return cv2.merge([rgb, to_uint8(a, 255.0)])
+
+
+# ---------------------------------------------------------------- pose JSON
+
+
+def _pose_inputs(keypoints: Any, scores: Any, boxes: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    kp = np.asarray(keypoints, dtype=np.float64).reshape(-1, NUM_KEYPOINTS, 2)
+    sc = np.asarray(scores, dtype=np.float64).reshape(kp.shape[0], NUM_KEYPOINTS)
+    bx = None if boxes is None else np.asarray(boxes, dtype=np.float64).reshape(kp.shape[0], 4)
+    return kp, sc, bx
+
+
+def _r(v: float, nd: int) -> float | None:
+    return round(float(v), nd) if math.isfinite(v) else None
+
+
+def pose_json(
+    keypoints: Any,
+    scores: Any,
+    boxes: Any,
+    *,
+    image_size: tuple[int, int],
+    box_scores: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """Sapiens-308 JSON: per person its box [x1, y1, x2, y2] and 308 {name, x, y, score}.
+
+    image_size is (width, height). Coordinates in image px (2 decimals), non-finite -> null.
+    """
+    kp, sc, bx = _pose_inputs(keypoints, scores, boxes)
+    people = []
+    for p in range(kp.shape[0]):
+        points = [
+            {
+                "name": KEYPOINT_NAMES[k],
+                "x": _r(kp[p, k, 0], 2),
+                "y": _r(kp[p, k, 1], 2),
+                "score": _r(sc[p, k], 4),
+            }
+            for k in range(NUM_KEYPOINTS)
+        ]
+        person: dict[str, Any] = {"id": p, "box": None if bx is None else [_r(v, 2) for v in bx[p]]}
+        if box_scores is not None:
+            person["box_score"] = _r(box_scores[p], 4)
+        person["keypoints"] = points
+        people.append(person)
+    w, h = image_size
+    return {
+        "format": "sapiens2-308",
+        "image_size": {"width": int(w), "height": int(h)},
+        "num_keypoints": NUM_KEYPOINTS,
+        "people": people,
+    }
+
+
+def coco17_json(
+    keypoints: Any,
+    scores: Any,
+    boxes: Any,
+    *,
+    image_size: tuple[int, int],
+    box_scores: Sequence[float] | None = None,
+    threshold: float = 0.3,
+    image_id: int = 0,
+) -> dict[str, Any]:
+    """COCO-style person keypoints: one annotation per person, ``keypoints`` = [x, y, v] * 17.
+
+    v = 2 (labelled, visible) when the score >= threshold and the point is finite, else the
+    triple is 0, 0, 0 (COCO's "not labelled"). bbox is [x, y, w, h]; ``score`` is the box score
+    when given, else the mean score of the visible points; ``keypoint_scores`` keeps all 17.
+    """
+    kp, sc, bx = _pose_inputs(keypoints, scores, boxes)
+    w, h = image_size
+    anns = []
+    for p in range(kp.shape[0]):
+        xy, s = kp[p, COCO17_INDEX], sc[p, COCO17_INDEX]
+        vis = np.isfinite(xy).all(1) & np.isfinite(s) & (s >= threshold)
+        flat: list[float] = []
+        for k in range(17):
+            flat += [_r(xy[k, 0], 2), _r(xy[k, 1], 2), 2] if vis[k] else [0, 0, 0]
+        ann: dict[str, Any] = {
+            "id": p + 1,
+            "image_id": image_id,
+            "category_id": 1,
+            "keypoints": flat,
+            "num_keypoints": int(vis.sum()),
+            "keypoint_scores": [_r(v, 4) for v in s],
+        }
+        if bx is not None:
+            x1, y1, x2, y2 = bx[p]
+            ann["bbox"] = [_r(x1, 2), _r(y1, 2), _r(x2 - x1, 2), _r(y2 - y1, 2)]
+        score = box_scores[p] if box_scores is not None else (float(s[vis].mean()) if vis.any() else 0.0)
+        ann["score"] = _r(score, 4)
+        anns.append(ann)
+    return {
+        "images": [{"id": image_id, "width": int(w), "height": int(h)}],
+        "annotations": anns,
+        "categories": [
+            {"id": 1, "name": "person", "keypoints": list(COCO17_NAMES), "skeleton": COCO17_SKELETON}
+        ],
+    }
+
+
+def body25_arrays(keypoints: Any, scores: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(P, 25, 2) points and (P, 25) scores in OpenPose BODY_25 order.
+
+    Neck = midpoint of the shoulders, MidHip = midpoint of the hips, each scored with the lower
+    of its two scores (OpenPose's convention, not the 308 set's own ``neck`` point).
+    """
+    kp, sc, _ = _pose_inputs(keypoints, scores, None)
+    a, b = BODY25_PAIRS[:, 0], BODY25_PAIRS[:, 1]
+    return (kp[:, a] + kp[:, b]) / 2.0, np.minimum(sc[:, a], sc[:, b])
+
+
+def openpose_body25_json(keypoints: Any, scores: Any, *, threshold: float = 0.3) -> dict[str, Any]:
+    """OpenPose JSON (version 1.3): per person ``pose_keypoints_2d`` = [x, y, c] * 25.
+
+    Points below the threshold or not finite are written 0, 0, 0 (OpenPose's "not detected").
+    Face and hand arrays are left empty (the 308 set has no OpenPose face/hand equivalent).
+    """
+    xy, s = body25_arrays(keypoints, scores)
+    people = []
+    for p in range(xy.shape[0]):
+        vis = np.isfinite(xy[p]).all(1) & np.isfinite(s[p]) & (s[p] >= threshold)
+        flat: list[float] = []
+        for k in range(25):
+            flat += [_r(xy[p, k, 0], 2), _r(xy[p, k, 1], 2), _r(s[p, k], 4)] if vis[k] else [0, 0, 0]
+        people.append(
+            {
+                "person_id": [-1],
+                "pose_keypoints_2d": flat,
+                "face_keypoints_2d": [],
+                "hand_left_keypoints_2d": [],
+                "hand_right_keypoints_2d": [],
+                "pose_keypoints_3d": [],
+                "face_keypoints_3d": [],
+                "hand_left_keypoints_3d": [],
+                "hand_right_keypoints_3d": [],
+            }
+        )
+    return {"version": 1.3, "people": people}
+
+
+# ---------------------------------------------------------------- point clouds
+
+
+def _cloud(points: Any, colors: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    pts = np.asarray(points, dtype=np.float32).reshape(-1, 3)
+    cols = None
+    if colors is not None:
+        cols = np.asarray(colors)
+        if cols.dtype != np.uint8:
+            cols = np.clip(np.nan_to_num(cols.astype(np.float32)), 0, 255).round().astype(np.uint8)
+        cols = cols.reshape(-1, 3)
+        if len(cols) != len(pts):
+            raise InputImageError(f"{len(pts)} points but {len(cols)} colours.")
+    keep = np.isfinite(pts).all(axis=1)  # NaN/inf points are dropped, never written
+    return pts[keep], None if cols is None else cols[keep]
+
+
+def write_ply(path: str | Path, points: Any, colors: Any = None) -> Path:
+    """Binary little-endian PLY: float32 x, y, z (+ uchar red, green, blue); non-finite points dropped."""
+    pts, cols = _cloud(points, colors)
+    fields = [("x", "<f4"), ("y", "<f4"), ("z", "<f4")]
+    props = ["property float x", "property float y", "property float z"]
+    if cols is not None:
+        fields += [("red", "u1"), ("green", "u1"), ("blue", "u1")]
+        props += ["property uchar red", "property uchar green", "property uchar blue"]
+    rec = np.empty(len(pts), dtype=fields)
+    rec["x"], rec["y"], rec["z"] = pts[:, 0], pts[:, 1], pts[:, 2]
+    if cols is not None:
+        rec["red"], rec["green"], rec["blue"] = cols[:, 0], cols[:, 1], cols[:, 2]
+    header = "\n".join(
+        ["ply", "format binary_little_endian 1.0", f"element vertex {len(pts)}", *props, "end_header"]
+    )
+    p = _prepare(path)
+    with open(p, "wb") as f:
+        f.write(header.encode("ascii") + b"\n")
+        f.write(rec.tobytes())
+    return p
+
+
+def subsample(n: int, max_points: int) -> np.ndarray:
+    """Sorted indices of an even, deterministic random subset of at most max_points of n."""
+    if n <= max_points:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(0).choice(n, size=max_points, replace=False))
+
+
+def _pad4(data: bytes, fill: bytes) -> bytes:
+    return data + fill * (-len(data) % 4)
+
+
+def write_glb(
+    path: str | Path,
+    points: Any,
+    colors: Any = None,
+    *,
+    max_points: int = GLB_MAX_POINTS,
+    opencv_to_gltf: bool = True,
+) -> Path:
+    """glTF 2.0 binary with one POINTS primitive (POSITION float32 + COLOR_0 RGBA uint8 normalised).
+
+    At most max_points points (a deterministic random subset; keep the full cloud in the PLY).
+    opencv_to_gltf: the points are camera coordinates (x right, y down, z forward) and are
+    turned into glTF's frame (y up, z toward the viewer) by negating y and z, so a viewer shows
+    the person upright. An empty cloud gives a valid file with an empty scene.
+    """
+    if max_points < 1:
+        raise OptionError(f"max_points must be at least 1, got {max_points}.")
+    pts, cols = _cloud(points, colors)
+    idx = subsample(len(pts), max_points)
+    pts = pts[idx] * (np.array([1, -1, -1], np.float32) if opencv_to_gltf else 1)
+    pts = np.ascontiguousarray(pts, dtype="<f4")
+    gltf: dict[str, Any] = {"asset": {"version": "2.0", "generator": "sapiens2"}, "scene": 0}
+    if len(pts) == 0:
+        gltf["scenes"] = [{}]
+        return _write_glb_file(path, gltf, b"")
+    rgba = np.full((len(pts), 4), 255, np.uint8)  # VEC4: a uint8 VEC3 would break 4-byte alignment
+    if cols is not None:
+        rgba[:, :3] = cols[idx]
+    pos_bytes, col_bytes = pts.tobytes(), rgba.tobytes()  # both lengths are multiples of 4
+    gltf.update(
+        {
+            "scenes": [{"nodes": [0]}],
+            "nodes": [{"mesh": 0, "name": "point_cloud"}],
+            "meshes": [{"primitives": [{"attributes": {"POSITION": 0, "COLOR_0": 1}, "mode": 0}]}],
+            "buffers": [{"byteLength": len(pos_bytes) + len(col_bytes)}],
+            "bufferViews": [
+                {"buffer": 0, "byteOffset": 0, "byteLength": len(pos_bytes), "target": 34962},
+                {"buffer": 0, "byteOffset": len(pos_bytes), "byteLength": len(col_bytes), "target": 34962},
+            ],
+            "accessors": [
+                {
+                    "bufferView": 0,
+                    "componentType": 5126,  # FLOAT
+                    "count": len(pts),
+                    "type": "VEC3",
+                    "min": pts.min(axis=0).tolist(),
+                    "max": pts.max(axis=0).tolist(),
+                },
+                {
+                    "bufferView": 1,
+                    "componentType": 5121,
+                    "normalized": True,
+                    "count": len(pts),
+                    "type": "VEC4",
+                },
+            ],
+        }
+    )
+    return _write_glb_file(path, gltf, pos_bytes + col_bytes)
+
+
+def _write_glb_file(path: str | Path, gltf: dict[str, Any], binary: bytes) -> Path:
+    json_chunk = _pad4(json.dumps(gltf, separators=(",", ":")).encode("utf-8"), b" ")
+    chunks = struct.pack("<II", len(json_chunk), 0x4E4F534A) + json_chunk  # "JSON"
+    if binary:
+        bin_chunk = _pad4(binary, b"\x00")
+        chunks += struct.pack("<II", len(bin_chunk), 0x004E4942) + bin_chunk  # "BIN\0"
+    p = _prepare(path)
+    with open(p, "wb") as f:
+        f.write(struct.pack("<III", 0x46546C67, 2, 12 + len(chunks)))  # "glTF", version 2, total length
+        f.write(chunks)
+    return p

@@ -1,0 +1,705 @@
+"""Image intake and the geometry between an image and the network input.
+
+Two halves:
+
+* **Intake** (CPU, numpy): :func:`load_image` turns whatever a user hands us (path, bytes, file
+  object, PIL image, numpy array) into an upright 8-bit RGB array plus a possibly downscaled
+  working copy for inference. Every failure becomes :class:`~sapiens2.errors.InputImageError`
+  with a message a person can act on.
+* **Network input** (torch, on the model's device): upload ``uint8`` once, then resize, pad,
+  normalise (:func:`stretch_to`, :func:`letterbox`) or crop people (:func:`crop_people`) there;
+  and the inverses that bring outputs back (:func:`unletterbox`, :func:`resize_to`,
+  :func:`crop_to_image`).
+
+Coordinate convention: keypoints are in pixel units with integer values at pixel centres (the
+convention of ``cv2.warpAffine`` and the release). Boxes are ``(x1, y1, x2, y2)`` in the same
+pixel units.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from .errors import InputImageError
+from .zoo import IMAGE_MEAN, IMAGE_STD, INPUT_SIZE
+
+#: Longest side (px) of the copy used for inference; larger images are downscaled for inference
+#: and every result is mapped back to the original size.
+DEFAULT_MAX_SIDE = 4096
+
+ImageSource = str | Path | bytes | bytearray | IO[bytes] | Image.Image | np.ndarray
+
+
+# --------------------------------------------------------------------------------------------
+# Intake
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Intake:
+    """An input image ready for the pipelines.
+
+    ``rgb`` is the upright original (what results are reported on); ``work`` is what inference
+    sees: ``rgb`` itself, or a copy downscaled (INTER_AREA) so that its long side is at most
+    ``max_side``. Very small images (even 1x1 or 2x10000) are kept as they are: every task resizes
+    or crops to the fixed network input anyway, so no minimum size is needed.
+    """
+
+    rgb: np.ndarray  # (H, W, 3) uint8, upright original
+    work: np.ndarray  # (h, w, 3) uint8, rgb or its downscaled copy
+    scale: float  # work / original along the long side (1.0 when not downscaled)
+    notices: list[str] = field(default_factory=list)
+    name: str = "image"  # safe file stem for exports
+
+    @property
+    def downscaled(self) -> bool:
+        return self.work.shape[:2] != self.rgb.shape[:2]
+
+    @property
+    def size_hw(self) -> tuple[int, int]:
+        return int(self.rgb.shape[0]), int(self.rgb.shape[1])
+
+    @property
+    def work_hw(self) -> tuple[int, int]:
+        return int(self.work.shape[0]), int(self.work.shape[1])
+
+    @property
+    def scale_xy(self) -> tuple[float, float]:
+        """Exact per-axis factors work / original (sizes are rounded, so x and y differ a bit)."""
+        return self.work.shape[1] / self.rgb.shape[1], self.work.shape[0] / self.rgb.shape[0]
+
+    def points_to_original(self, points: np.ndarray) -> np.ndarray:
+        """Map (..., 2) points in work pixels to original pixels (pixel centres stay centres)."""
+        sx, sy = self.scale_xy
+        out = np.array(points, dtype=np.float64, copy=True)
+        out[..., 0] = (out[..., 0] + 0.5) / sx - 0.5
+        out[..., 1] = (out[..., 1] + 0.5) / sy - 0.5
+        return out.astype(np.float32)
+
+    def boxes_to_original(self, boxes: np.ndarray) -> np.ndarray:
+        sx, sy = self.scale_xy
+        return (np.asarray(boxes, dtype=np.float64) / [sx, sy, sx, sy]).astype(np.float32)
+
+    def boxes_to_work(self, boxes: np.ndarray) -> np.ndarray:
+        sx, sy = self.scale_xy
+        return (np.asarray(boxes, dtype=np.float64) * [sx, sy, sx, sy]).astype(np.float32)
+
+
+def load_image(src: ImageSource | Intake, *, max_side: int = DEFAULT_MAX_SIDE) -> Intake:
+    """Read an image from a path, bytes, a binary file object, a PIL image or a numpy array.
+
+    * EXIF orientation is applied, so the result is upright; animations give their first frame.
+    * PIL modes: RGBA/LA/PA/P-with-transparency are composited over white; L, I;16, I and F are
+      scaled to 8 bits (rules below) and repeated to RGB; CMYK, YCbCr, LAB, HSV and 1-bit are
+      converted with Pillow.
+    * numpy arrays are taken as RGB(A), not OpenCV's BGR: (H, W), (H, W, 1|2|3|4). ``uint8`` as
+      is; ``uint16`` divided by 257 (full 16-bit range); ``bool`` -> 0/255. Other integer and float
+      arrays follow the value rule: NaN/inf -> 0; values within [0, 1] are intensities (x255);
+      within [0, 255] are taken as 8-bit values; anything else is min-max stretched to [0, 255]
+      (with a notice). Pillow's ``I`` and ``F`` modes use the same rule.
+    * Pillow's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``, about 89.5 megapixels by
+      default) is enforced for every kind of input and raises InputImageError.
+    * Images whose long side exceeds ``max_side`` are downscaled (INTER_AREA) for inference;
+      ``Intake.downscaled`` says so and a notice explains it.
+    * An :class:`Intake` is returned as it is (already read), so one upload can feed several tasks.
+    """
+    if isinstance(src, Intake):
+        return src
+    if not isinstance(max_side, int) or max_side < 16:
+        from .errors import OptionError
+
+        raise OptionError(f"max_side must be an integer >= 16 (got {max_side!r}).")
+    notices: list[str] = []
+    name = "image"
+    if isinstance(src, np.ndarray):
+        rgb = _array_to_rgb(src, notices)
+    elif isinstance(src, Image.Image):
+        name = _safe_stem(getattr(src, "filename", "") or "")
+        _check_pixels(*src.size)  # before decoding a lazily opened file
+        rgb = _pil_to_rgb(src, notices)
+    else:
+        data, name = _read_bytes(src)
+        rgb = _decode_bytes(data, notices)
+    _check_pixels(rgb.shape[1], rgb.shape[0])
+    rgb = np.ascontiguousarray(rgb)
+    work, scale = rgb, 1.0
+    h, w = rgb.shape[:2]
+    if max(h, w) > max_side:
+        scale = max_side / max(h, w)
+        ww, wh = max(1, round(w * scale)), max(1, round(h * scale))
+        work = cv2.resize(rgb, (ww, wh), interpolation=cv2.INTER_AREA)
+        notices.append(
+            f"The image is {w}x{h} px; inference ran on a {ww}x{wh} copy (long side limit "
+            f"{max_side} px) and the results were mapped back to the original size."
+        )
+    return Intake(rgb=rgb, work=work, scale=scale, notices=notices, name=name)
+
+
+def _safe_stem(filename: str | Path) -> str:
+    """A file stem that is safe as part of an export name: never a path, never empty."""
+    stem = Path(str(filename).replace("\\", "/")).stem if filename else ""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:64]
+    return stem or "image"
+
+
+def _read_bytes(src: object) -> tuple[bytes, str]:
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return bytes(src), "image"
+    if isinstance(src, (str, Path)):
+        path = Path(src)
+        if not path.exists():
+            raise InputImageError(f"Image file not found: {path.name!r}.")
+        if path.is_dir():
+            raise InputImageError(f"{path.name!r} is a folder, not an image file.")
+        try:
+            return path.read_bytes(), _safe_stem(path.name)
+        except OSError as e:
+            raise InputImageError(f"Could not read the image file {path.name!r}: {e.strerror or e}.") from e
+    if hasattr(src, "read"):
+        data = src.read()  # type: ignore[attr-defined]
+        if not isinstance(data, (bytes, bytearray)):
+            raise InputImageError("The file object must be opened in binary mode ('rb').")
+        return bytes(data), _safe_stem(getattr(src, "name", "") or "")
+    raise InputImageError(
+        f"Unsupported image input of type {type(src).__name__}; pass a file path, bytes, a PIL image "
+        "or a numpy array."
+    )
+
+
+def _sniff(data: bytes) -> str | None:
+    """Name formats Pillow may not read, so the error can say what the file is."""
+    head = data[:64]
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        if brand in (b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1"):
+            return "HEIC/HEIF"
+        if brand in (b"avif", b"avis"):
+            return "AVIF"
+    if head.lstrip()[:1] in (b"<", b"{", b"[") or (
+        head and all(32 <= b < 127 or b in (9, 10, 13) for b in head)
+    ):
+        return "text"
+    return None
+
+
+def _decode_bytes(data: bytes, notices: list[str]) -> np.ndarray:
+    if len(data) == 0:
+        raise InputImageError("The image file is empty (0 bytes).")
+    kind = _sniff(data)
+    try:
+        im = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:
+        raise InputImageError(_bomb_message(e)) from None
+    except UnidentifiedImageError:
+        if kind in ("HEIC/HEIF", "AVIF") and _pillow_reads(kind):  # readable format: the file is at fault
+            raise InputImageError(
+                f"The {kind} file is damaged and could not be decoded. Re-export it, or convert it to "
+                "JPEG or PNG, and try again."
+            ) from None
+        if kind in ("HEIC/HEIF", "AVIF"):
+            article = "an" if kind == "AVIF" else "a"
+            raise InputImageError(
+                f"This is {article} {kind} image, which this installation cannot decode. Convert it to JPEG "
+                "or PNG (or install a Pillow plugin for it, e.g. pillow-heif) and try again."
+            ) from None
+        if kind == "text":
+            raise InputImageError(
+                "The file is not an image (it contains text). Upload a JPEG, PNG, WebP, BMP, TIFF or GIF."
+            ) from None
+        raise InputImageError(
+            "The file is not an image Pillow can read (unknown or corrupt format). Upload a JPEG, PNG, "
+            "WebP, BMP, TIFF or GIF."
+        ) from None
+    except Exception as e:  # any other decoder failure on hostile input (e.g. cut off in its header)
+        raise InputImageError(_broken_message(e)) from None
+    _check_pixels(*im.size)
+    return _pil_to_rgb(im, notices)
+
+
+def _pillow_reads(kind: str) -> bool:
+    """Whether this Pillow has a decoder registered for a format named by :func:`_sniff`."""
+    return any(name in Image.OPEN for name in {"AVIF": ("AVIF",), "HEIC/HEIF": ("HEIF", "HEIC")}[kind])
+
+
+def _broken_message(err: Exception) -> str:
+    """One wording for a file Pillow recognised but could not decode, wherever decoding failed."""
+    if "truncated" in str(err).lower():
+        return "The image file is truncated (incomplete download or upload?). Re-save or re-upload it."
+    return f"The image data is corrupt and could not be decoded ({type(err).__name__}: {err})."
+
+
+def _bomb_message(err: Exception | None = None, w: int | None = None, h: int | None = None) -> str:
+    limit = Image.MAX_IMAGE_PIXELS or 0
+    if w and h:
+        size = f"{w}x{h} px ({w * h / 1e6:.1f} megapixels)"
+    else:  # Pillow refused it while opening; its message carries the pixel count
+        found = re.search(r"\((\d+) pixels\)", str(err))
+        size = f"{int(found.group(1)) / 1e6:.1f} megapixels" if found else "too large"
+    return (
+        f"The image is {size}, above the limit of {limit / 1e6:.1f} megapixels ({limit} pixels, "
+        "Pillow's decompression-bomb guard PIL.Image.MAX_IMAGE_PIXELS). Downscale it before uploading."
+    )
+
+
+def _check_pixels(w: int, h: int) -> None:
+    if w <= 0 or h <= 0:
+        raise InputImageError(f"The image has no pixels ({w}x{h}).")
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and w * h > limit:
+        raise InputImageError(_bomb_message(None, w, h))
+
+
+def _pil_to_rgb(im: Image.Image, notices: list[str]) -> np.ndarray:
+    try:
+        frames = getattr(im, "n_frames", 1)
+        if frames > 1:
+            im.seek(0)
+            notices.append(f"Animated image with {frames} frames: the first frame was used.")
+        im.load()
+        try:
+            im = ImageOps.exif_transpose(im) or im
+        except Exception:  # a broken EXIF block must not lose the picture
+            notices.append("The EXIF orientation tag could not be read; the image is used as stored.")
+        return _mode_to_rgb(im, notices)
+    except Image.DecompressionBombError as e:
+        raise InputImageError(_bomb_message(e)) from None
+    except InputImageError:
+        raise
+    except Exception as e:
+        raise InputImageError(_broken_message(e)) from None
+
+
+def _mode_to_rgb(im: Image.Image, notices: list[str]) -> np.ndarray:
+    mode = im.mode
+    if mode == "RGB":
+        return np.asarray(im, dtype=np.uint8)
+    if mode == "1":
+        return _gray_to_rgb(np.asarray(im.convert("L"), dtype=np.uint8))
+    if mode == "L":
+        return _gray_to_rgb(np.asarray(im, dtype=np.uint8))
+    if mode in ("P", "PA"):
+        has_alpha = mode == "PA" or "transparency" in im.info
+        im = im.convert("RGBA" if has_alpha else "RGB")
+        return _over_white(np.asarray(im)) if has_alpha else np.asarray(im, dtype=np.uint8)
+    if mode in ("RGBA", "RGBa", "LA", "La"):
+        arr = np.asarray(im.convert("RGBA" if mode.startswith("RGB") else "LA"))
+        return _over_white(arr)
+    if mode.startswith("I;16"):
+        arr = np.asarray(im).astype(np.float64) / 257.0  # full 16-bit range -> 8 bits
+        return _gray_to_rgb(_round_u8(arr))
+    if mode in ("I", "F"):
+        return _gray_to_rgb(_values_to_u8(np.asarray(im), notices))
+    try:  # CMYK, YCbCr, LAB, HSV, ...: Pillow knows the conversion
+        return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except Exception as e:
+        raise InputImageError(f"Images in Pillow mode {mode!r} are not supported ({e}).") from None
+
+
+def _array_to_rgb(arr: np.ndarray, notices: list[str]) -> np.ndarray:
+    if arr.ndim == 3 and arr.shape[2] not in (1, 2, 3, 4) and arr.shape[0] in (1, 3, 4):
+        raise InputImageError(
+            f"The array has shape {arr.shape}, which looks channels-first; pass (H, W, C), e.g. "
+            "arr.transpose(1, 2, 0)."
+        )
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 2, 3, 4)):
+        raise InputImageError(
+            f"The array has shape {arr.shape}; expected (H, W) or (H, W, C) with C = 1, 2, 3 or 4."
+        )
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise InputImageError(f"The image has no pixels (array shape {arr.shape}).")
+    _check_pixels(arr.shape[1], arr.shape[0])
+    if arr.dtype == np.uint8:
+        u8 = arr
+    elif arr.dtype == np.uint16:
+        u8 = _round_u8(arr.astype(np.float64) / 257.0)
+    elif arr.dtype == np.bool_:
+        u8 = arr.astype(np.uint8) * 255
+    elif np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating):
+        u8 = _values_to_u8(arr, notices)
+    else:
+        raise InputImageError(f"Arrays of dtype {arr.dtype} are not supported; use uint8, uint16 or float.")
+    if u8.ndim == 2:
+        return _gray_to_rgb(u8)
+    c = u8.shape[2]
+    if c == 1:
+        return _gray_to_rgb(u8[..., 0])
+    if c == 3:
+        return np.ascontiguousarray(u8)
+    return _over_white(u8)  # 2 = gray + alpha, 4 = RGBA
+
+
+def _values_to_u8(arr: np.ndarray, notices: list[str]) -> np.ndarray:
+    """The value rule for integer/float data without a known bit depth (see load_image)."""
+    a = arr.astype(np.float64)
+    finite = np.isfinite(a)
+    if not finite.all():
+        notices.append("The image contained NaN or infinite values; they were set to 0.")
+        a = np.where(finite, a, 0.0)
+    lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
+    if lo >= 0 and hi <= 1.0 and np.issubdtype(arr.dtype, np.floating):
+        return _round_u8(a * 255.0)
+    if lo >= 0 and hi <= 255.0:
+        return _round_u8(a)
+    notices.append(
+        f"Pixel values span [{lo:g}, {hi:g}]; they were stretched to 0-255 for display and inference."
+    )
+    return _round_u8((a - lo) * (255.0 / (hi - lo)))
+
+
+def _round_u8(a: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(a), 0, 255).astype(np.uint8)
+
+
+def _gray_to_rgb(g: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.repeat(g[..., None], 3, axis=2))
+
+
+def _over_white(arr: np.ndarray) -> np.ndarray:
+    """Composite (H, W, 2|4) uint8 colour+alpha over white: transparent parts become white."""
+    color = arr[..., :-1].astype(np.float32)
+    if color.shape[2] == 1:
+        color = np.repeat(color, 3, axis=2)
+    alpha = arr[..., -1:].astype(np.float32) / 255.0
+    return _round_u8(color * alpha + 255.0 * (1.0 - alpha))
+
+
+# --------------------------------------------------------------------------------------------
+# Network input on the device
+# --------------------------------------------------------------------------------------------
+
+_MEAN = torch.tensor(IMAGE_MEAN, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+_STD = torch.tensor(IMAGE_STD, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+
+
+def to_device(img: np.ndarray | torch.Tensor, device: str | torch.device | None = None) -> torch.Tensor:
+    """(H, W, 3) uint8 array/tensor or (B, 3, H, W) tensor -> (B, 3, H, W) tensor on ``device``.
+
+    Uploads the bytes as they are (uint8 is 4x less traffic than float32) and converts there.
+    """
+    t = torch.from_numpy(np.ascontiguousarray(img)) if isinstance(img, np.ndarray) else img
+    if t.ndim == 3:
+        t = t.permute(2, 0, 1).unsqueeze(0)
+    if t.ndim != 4 or t.shape[1] != 3:
+        raise InputImageError(
+            f"Expected an (H, W, 3) image or a (B, 3, H, W) batch, got shape {tuple(t.shape)}."
+        )
+    return t.to(device) if device is not None else t
+
+
+def normalize(img: np.ndarray | torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(x/255 - mean)/std`` with the ImageNet mean/std the weights expect; (B, 3, H, W) out.
+
+    Takes uint8 (or float in 0-255) as (B, 3, H, W) or (H, W, 3); computed in float32 on the
+    tensor's own device, returned in ``dtype``.
+    """
+    x = to_device(img).float()
+    mean, std = _MEAN.to(x.device), _STD.to(x.device)
+    return ((x - mean) / std).to(dtype)
+
+
+def _resize_float(x: torch.Tensor, hw: tuple[int, int], antialias: bool) -> torch.Tensor:
+    if tuple(x.shape[-2:]) == tuple(hw):
+        return x
+    # bilinear, half-pixel centres: the same sampling as cv2.INTER_LINEAR (the release's resize)
+    return F.interpolate(x, size=hw, mode="bilinear", align_corners=False, antialias=antialias)
+
+
+def stretch_to(
+    img: np.ndarray | torch.Tensor,
+    hw: tuple[int, int] = INPUT_SIZE,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    *,
+    antialias: bool = False,
+) -> torch.Tensor:
+    """Resize to ``hw`` ignoring the aspect ratio (seg/matting/features), normalise: (B, 3, *hw).
+
+    ``antialias=False`` matches the release (cv2.INTER_LINEAR); True is kinder to large photos.
+    """
+    x = to_device(img, device).float()
+    x = _resize_float(x, hw, antialias).clamp(0, 255)
+    return normalize(x, dtype)
+
+
+@dataclass(frozen=True)
+class PadInfo:
+    """Where the resized image sits inside the letterboxed network input."""
+
+    top: int
+    left: int
+    inner_hw: tuple[int, int]  # size of the resized image inside the canvas
+    canvas_hw: tuple[int, int]  # network input size
+    source_hw: tuple[int, int]  # size of the image that was letterboxed
+
+    @property
+    def bottom(self) -> int:
+        return self.canvas_hw[0] - self.top - self.inner_hw[0]
+
+    @property
+    def right(self) -> int:
+        return self.canvas_hw[1] - self.left - self.inner_hw[1]
+
+
+def pad_info(source_hw: tuple[int, int], hw: tuple[int, int] = INPUT_SIZE) -> PadInfo:
+    """The release's letterbox geometry: scale to fit, round the size, centre (top/left = pad//2)."""
+    h, w = source_hw
+    s = min(hw[0] / h, hw[1] / w)
+    ih, iw = min(hw[0], max(1, round(h * s))), min(hw[1], max(1, round(w * s)))
+    return PadInfo((hw[0] - ih) // 2, (hw[1] - iw) // 2, (ih, iw), tuple(hw), (h, w))
+
+
+def letterbox(
+    img: np.ndarray | torch.Tensor,
+    hw: tuple[int, int] = INPUT_SIZE,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    *,
+    antialias: bool = False,
+) -> tuple[torch.Tensor, PadInfo]:
+    """Aspect-preserving resize into ``hw`` with centred zero padding, then normalise.
+
+    The padding is 0 in pixel values before normalising, so it reads ``-mean/std`` in the
+    returned tensor, as in the release (normal, pointmap, albedo).
+    """
+    x = to_device(img, device).float()
+    pad = pad_info(tuple(x.shape[-2:]), hw)
+    inner = _resize_float(x, pad.inner_hw, antialias).clamp(0, 255)
+    canvas = x.new_zeros((x.shape[0], 3, *hw))
+    canvas[:, :, pad.top : pad.top + pad.inner_hw[0], pad.left : pad.left + pad.inner_hw[1]] = inner
+    return normalize(canvas, dtype), pad
+
+
+def resize_to(t: torch.Tensor, out_hw: tuple[int, int], mode: str = "bilinear") -> torch.Tensor:
+    """Resize (B, C, H, W) to ``out_hw`` (no-op when equal); bilinear uses half-pixel centres."""
+    if tuple(t.shape[-2:]) == tuple(out_hw):
+        return t
+    if mode == "nearest":
+        return F.interpolate(t, size=out_hw, mode="nearest-exact")
+    return F.interpolate(t, size=out_hw, mode=mode, align_corners=False)
+
+
+def unletterbox(
+    t: torch.Tensor, pad: PadInfo, out_hw: tuple[int, int] | None = None, mode: str = "bilinear"
+) -> torch.Tensor:
+    """Crop the letterbox padding off a (B, C, H, W) output and resize it to ``out_hw``.
+
+    Outputs at a different resolution than the canvas (e.g. a head at 1/4 size) are handled
+    by scaling the pad geometry. ``out_hw`` defaults to ``pad.source_hw``.
+    """
+    fy, fx = t.shape[-2] / pad.canvas_hw[0], t.shape[-1] / pad.canvas_hw[1]
+    top, left = round(pad.top * fy), round(pad.left * fx)
+    ih, iw = max(1, round(pad.inner_hw[0] * fy)), max(1, round(pad.inner_hw[1] * fx))
+    return resize_to(t[..., top : top + ih, left : left + iw], out_hw or pad.source_hw, mode)
+
+
+# --------------------------------------------------------------------------------------------
+# Top-down person crops (pose)
+# --------------------------------------------------------------------------------------------
+
+
+def box_to_center_scale(
+    box: np.ndarray, padding: float = 1.25, aspect: float = INPUT_SIZE[1] / INPUT_SIZE[0]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(N, 4) or (4,) xyxy boxes -> centres (N, 2) and crop sizes (N, 2) = (w, h) in image px.
+
+    Size = box size x ``padding``, then the shorter side is widened to the aspect ``w/h``
+    (0.75 for 768x1024), as the release's top-down pipeline does.
+    """
+    b = np.asarray(box, dtype=np.float64).reshape(-1, 4)
+    center = np.stack([(b[:, 0] + b[:, 2]) * 0.5, (b[:, 1] + b[:, 3]) * 0.5], axis=1)
+    w = (b[:, 2] - b[:, 0]) * padding
+    h = (b[:, 3] - b[:, 1]) * padding
+    wide = w > h * aspect
+    scale = np.stack([np.where(wide, w, h * aspect), np.where(wide, w / aspect, h)], axis=1)
+    # a degenerate box (zero area) still needs a usable crop: at least one pixel
+    scale = np.maximum(scale, [aspect, 1.0])
+    return center, scale
+
+
+def warp_matrix(
+    center: np.ndarray, scale: np.ndarray, out_wh: tuple[int, int] = (INPUT_SIZE[1], INPUT_SIZE[0])
+) -> np.ndarray:
+    """(N, 2, 3) affine maps image px -> crop px (UDP: box edges land on crop pixels 0 and W-1).
+
+    ``u = (x - cx + sw/2) * (W-1)/sw``, the release's ``get_udp_warp_matrix`` without rotation.
+    """
+    c = np.asarray(center, dtype=np.float64).reshape(-1, 2)
+    s = np.asarray(scale, dtype=np.float64).reshape(-1, 2)
+    kx, ky = (out_wh[0] - 1) / s[:, 0], (out_wh[1] - 1) / s[:, 1]
+    m = np.zeros((len(c), 2, 3), dtype=np.float64)
+    m[:, 0, 0], m[:, 0, 2] = kx, kx * (0.5 * s[:, 0] - c[:, 0])
+    m[:, 1, 1], m[:, 1, 2] = ky, ky * (0.5 * s[:, 1] - c[:, 1])
+    return m
+
+
+def invert_affine(m: np.ndarray) -> np.ndarray:
+    """Invert (N, 2, 3) affine matrices."""
+    m = np.asarray(m, dtype=np.float64).reshape(-1, 2, 3)
+    full = np.concatenate([m, np.tile([[[0.0, 0.0, 1.0]]], (len(m), 1, 1))], axis=1)
+    return np.linalg.inv(full)[:, :2, :]
+
+
+def inverse_warp_matrix(
+    center: np.ndarray, scale: np.ndarray, out_wh: tuple[int, int] = (INPUT_SIZE[1], INPUT_SIZE[0])
+) -> np.ndarray:
+    """(N, 2, 3) crop px -> image px, the exact inverse of :func:`warp_matrix`."""
+    return invert_affine(warp_matrix(center, scale, out_wh))
+
+
+def apply_affine(
+    points: np.ndarray | torch.Tensor, m: np.ndarray | torch.Tensor
+) -> np.ndarray | torch.Tensor:
+    """Apply (N, 2, 3) matrices to (N, K, 2) points (numpy or torch; torch stays on its device)."""
+    if isinstance(points, torch.Tensor):
+        wide = torch.float32 if points.device.type == "mps" else torch.float64  # MPS has no float64
+        mt = torch.as_tensor(np.asarray(m), dtype=wide, device=points.device)
+        p = points.to(wide)
+        out = p @ mt[:, :, :2].transpose(1, 2) + mt[:, None, :, 2]
+        return out.to(points.dtype)
+    m = np.asarray(m, dtype=np.float64)
+    p = np.asarray(points, dtype=np.float64)
+    return p @ m[:, :, :2].transpose(0, 2, 1) + m[:, None, :, 2]
+
+
+def crop_to_image(points: np.ndarray | torch.Tensor, inverse: np.ndarray) -> np.ndarray | torch.Tensor:
+    """(N, K, 2) crop px -> image px with the inverse matrices from :func:`crop_people`."""
+    return apply_affine(points, inverse)
+
+
+@dataclass
+class CropInfo:
+    """Geometry of a batch of person crops (one row per box)."""
+
+    centers: np.ndarray  # (N, 2) image px
+    scales: np.ndarray  # (N, 2) crop window (w, h) in image px
+    matrices: np.ndarray  # (N, 2, 3) image px -> crop px
+    inverse: np.ndarray  # (N, 2, 3) crop px -> image px
+    out_hw: tuple[int, int]
+
+
+CropBackend = Literal["auto", "cv2", "torch"]
+
+
+def crop_people(
+    img: np.ndarray,
+    boxes: np.ndarray,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    out_hw: tuple[int, int] = INPUT_SIZE,
+    padding: float = 1.25,
+    backend: CropBackend = "auto",
+) -> tuple[torch.Tensor, CropInfo]:
+    """Affine-crop every box of an (H, W, 3) uint8 image to ``out_hw``; normalised (N, 3, *out_hw).
+
+    The warp is the release's: UDP matrix, zero border, bilinear when the crop shrinks the image
+    and bicubic when it enlarges it (OpenCV's warpAffine has no INTER_AREA; it falls back to
+    bilinear, so the release effectively does this too). Two backends give the same sampling:
+    ``cv2`` (cv2.warpAffine on the CPU, then the uint8 crops are uploaded) and ``torch``
+    (grid_sample on ``device`` after uploading the image once). ``auto`` uses torch on CUDA and
+    cv2 elsewhere.
+    """
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    out_wh = (out_hw[1], out_hw[0])
+    center, scale = box_to_center_scale(boxes, padding, out_hw[1] / out_hw[0])
+    mats = warp_matrix(center, scale, out_wh)
+    info = CropInfo(center, scale, mats, invert_affine(mats), tuple(out_hw))
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if backend == "auto":
+        backend = "torch" if dev.type == "cuda" else "cv2"
+    if len(boxes) == 0:
+        return torch.empty((0, 3, *out_hw), dtype=dtype, device=dev), info
+    # zoom > 1 means the crop enlarges the picture: bicubic; otherwise bilinear
+    enlarge = np.minimum(mats[:, 0, 0], mats[:, 1, 1]) >= 1.0
+    if backend == "cv2":
+        crops = np.empty((len(boxes), out_hw[0], out_hw[1], 3), dtype=np.uint8)
+        for i in range(len(boxes)):  # one warp per person; cheap next to the model
+            flag = cv2.INTER_CUBIC if enlarge[i] else cv2.INTER_LINEAR
+            crops[i] = cv2.warpAffine(
+                np.ascontiguousarray(img),
+                mats[i],
+                out_wh,
+                flags=flag,
+                borderMode=cv2.BORDER_CONSTANT,
+                borderValue=0,
+            )
+        return normalize(torch.from_numpy(crops).to(dev).permute(0, 3, 1, 2), dtype), info
+    if backend != "torch":
+        from .errors import OptionError
+
+        raise OptionError(f"Unknown crop backend {backend!r}; choose one of: auto, cv2, torch.")
+    return normalize(_grid_crops(img, info, dev, enlarge), dtype), info
+
+
+def _grid_crops(img: np.ndarray, info: CropInfo, dev: torch.device, enlarge: np.ndarray) -> torch.Tensor:
+    src = to_device(img, dev).float()  # (1, 3, H, W)
+    h, w = src.shape[-2:]
+    oh, ow = info.out_hw
+    inv = torch.as_tensor(info.inverse, dtype=torch.float32, device=dev)  # (N, 2, 3)
+    ys, xs = torch.meshgrid(
+        torch.arange(oh, dtype=torch.float32, device=dev),
+        torch.arange(ow, dtype=torch.float32, device=dev),
+        indexing="ij",
+    )
+    # source pixel of every crop pixel, then grid_sample's [-1, 1] with align_corners=False
+    # (pixel i's centre at -1 + (2i+1)/size: well defined even for a 1-pixel-wide image)
+    sx = inv[:, 0, 0, None, None] * xs + inv[:, 0, 2, None, None]
+    sy = inv[:, 1, 1, None, None] * ys + inv[:, 1, 2, None, None]
+    grid = torch.stack([(2 * sx + 1) / w - 1, (2 * sy + 1) / h - 1], dim=-1)
+    out = torch.empty((len(inv), 3, oh, ow), dtype=torch.float32, device=dev)
+    for mode, mask in (("bicubic", enlarge), ("bilinear", ~enlarge)):
+        idx = torch.from_numpy(np.flatnonzero(mask)).to(dev)
+        if len(idx):
+            out[idx] = F.grid_sample(
+                src.expand(len(idx), -1, -1, -1),
+                grid[idx],
+                mode=mode,
+                padding_mode="zeros",
+                align_corners=False,
+            )
+    return out.clamp_(0, 255)  # bicubic overshoots; the release's uint8 warp saturates
+
+
+def scale_boxes(boxes: np.ndarray, sx: float, sy: float) -> np.ndarray:
+    """Multiply xyxy boxes by per-axis factors (used to move boxes between image sizes)."""
+    return (np.asarray(boxes, dtype=np.float64).reshape(-1, 4) * [sx, sy, sx, sy]).astype(np.float32)
+
+
+def letterbox_size(source_hw: tuple[int, int], hw: tuple[int, int] = INPUT_SIZE) -> tuple[int, int]:
+    """The resized size inside a letterbox (see :func:`pad_info`)."""
+    return pad_info(source_hw, hw).inner_hw
+
+
+__all__ = [
+    "DEFAULT_MAX_SIDE",
+    "CropInfo",
+    "Intake",
+    "PadInfo",
+    "apply_affine",
+    "box_to_center_scale",
+    "crop_people",
+    "crop_to_image",
+    "invert_affine",
+    "inverse_warp_matrix",
+    "letterbox",
+    "letterbox_size",
+    "load_image",
+    "normalize",
+    "pad_info",
+    "resize_to",
+    "scale_boxes",
+    "stretch_to",
+    "to_device",
+    "unletterbox",
+    "warp_matrix",
+]

@@ -1,0 +1,184 @@
+"""``load_model``: find a checkpoint, build the model it describes on the meta device, load it.
+
+Resolution order (see ``sapiens2.weights.find_weights``): an explicit ``checkpoint`` (file or
+folder) -> ``$SAPIENS2_CHECKPOINTS/<task>/sapiens2_<size>_<task>.safetensors`` -> the Hugging Face
+Hub cache (the release file name, then ``model.safetensors``). Only safetensors are read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from .errors import CheckpointError, OptionError
+from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
+from .weights import _pick_in_folder, find_weights, read_header
+from .zoo import get_task
+
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def load_model(
+    task: str,
+    size: str | None = None,
+    *,
+    checkpoint: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+    rope_dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """A ready ``eval()`` Sapiens2 model for ``task``; ``model(pixel_values)`` returns its output dataclass.
+
+    ``size``: a zoo size ("0.4b", "1b", ...); with an explicit ``checkpoint`` and no size the model
+    is whatever the file holds (tiny test models included); with neither, the zoo's default size
+    for the device. ``device`` defaults to CUDA when available; ``dtype`` to bf16 on CUDA, fp32
+    elsewhere. ``rope_dtype``: None = the release's bfloat16 RoPE, ``torch.float32`` = transformers'.
+    """
+    spec = get_task(task)
+    if size is not None:
+        spec.check_size(size)
+    dev = torch.device(device) if device is not None else _default_device()
+    dtype = _parse_dtype(dtype, dev)
+    if rope_dtype not in (None, torch.float32, torch.bfloat16):
+        raise OptionError(
+            f"rope_dtype must be None (release: bfloat16), torch.float32 or torch.bfloat16, got {rope_dtype}."
+        )
+    if checkpoint is None and size is None:
+        size = spec.default_size(dev.type == "cuda")
+
+    path = resolve_checkpoint(task, size, checkpoint)
+    shapes = read_header(path)
+    try:
+        model, info = build_from_shapes(shapes, device="meta", rope_dtype=rope_dtype)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    _check_identity(path, info, task, size)
+    _check_keys(path, model, shapes)
+    _load_into(model, path, dev, dtype)
+    model.checkpoint_path = str(path)  # where the weights came from (shown in UIs and metadata)
+    return model.eval()
+
+
+def describe_checkpoint(path: str | os.PathLike) -> dict[str, object]:
+    """What a checkpoint holds (task, zoo size or None, widths, depths, heads, KV layout, registers,
+    head widths), read from the safetensors header only."""
+    path = Path(path)
+    if path.is_dir():
+        path = _pick_in_folder(path, ())
+    try:
+        return {"path": str(path), **arch_from_shapes(read_header(path)).describe()}
+    except CheckpointError as err:
+        if str(path) in str(err):
+            raise
+        raise CheckpointError(f"{path}: {err}") from None
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _parse_dtype(dtype: torch.dtype | str | None, dev: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if dev.type == "cuda" else torch.float32  # bf16: how the models were trained
+    if isinstance(dtype, str):
+        if dtype.lower() not in _DTYPES:
+            raise OptionError(f"Unknown dtype {dtype!r}; choose one of: {', '.join(_DTYPES)}.")
+        return _DTYPES[dtype.lower()]
+    if dtype not in _DTYPES.values():
+        raise OptionError(f"dtype must be float32, bfloat16 or float16, got {dtype}.")
+    return dtype
+
+
+def resolve_checkpoint(
+    task: str, size: str | None = None, checkpoint: str | os.PathLike | None = None
+) -> Path:
+    """The weight file ``load_model`` would use: explicit ``checkpoint`` -> ``$SAPIENS2_CHECKPOINTS``
+    (release layout) -> Hugging Face Hub cache/download. Without a checkpoint a size is required."""
+    spec = get_task(task)
+    if size is None and checkpoint is None:
+        raise OptionError(f"Give a size ({', '.join(spec.sizes)}) or a checkpoint for {task}.")
+    if size is None:  # explicit checkpoint, any size: the names below are only used to pick in a folder
+        return find_weights(f"facebook/sapiens2-{spec.name}", (), spec.name, checkpoint)
+    return find_weights(spec.repo_id(size), (spec.filename(size),), spec.local_path(size), checkpoint)
+
+
+def _what(info: ArchInfo) -> str:
+    b = info.backbone
+    size = f"size {info.size}" if info.size else "a custom size"
+    return (
+        f"a Sapiens2 {info.task} checkpoint, {size} (hidden {b.hidden}, {b.layers} layers, {b.heads} heads)"
+    )
+
+
+def _check_identity(path: Path, info: ArchInfo, task: str, size: str | None) -> None:
+    if info.task != task:
+        raise CheckpointError(
+            f"{path} is {_what(info)}, not a {task} checkpoint. "
+            f"Load it with load_model({info.task!r}, checkpoint=...) or pass a {task} file."
+        )
+    if size is not None and info.size != size:
+        raise CheckpointError(
+            f"{path} is {_what(info)}, not size {size}. "
+            f"Pass size={info.size!r} (or no size) to use this file, or point to a {size} file."
+        )
+
+
+def _few(keys: list[str], n: int = 5) -> str:
+    more = f" and {len(keys) - n} more" if len(keys) > n else ""
+    return ", ".join(keys[:n]) + more
+
+
+def _check_keys(path: Path, model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Strict check by the checkpoint's own key names, with shapes, before any tensor is read."""
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    have = {k: v for k, v in shapes.items() if k not in IGNORED_KEYS}
+    missing = sorted(set(want) - set(have))
+    unexpected = sorted(set(have) - set(want))
+    wrong = sorted(k for k in set(want) & set(have) if want[k] != tuple(have[k]))
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_few(unexpected)}")
+    if wrong:
+        problems.append(
+            "wrong shapes: " + _few([f"{k} {tuple(have[k])} (expected {want[k]})" for k in wrong])
+        )
+    if problems:
+        raise CheckpointError(
+            f"{path} does not match the Sapiens2 layout ({'; '.join(problems)}). "
+            "It may be damaged or from another code base; download the release file again."
+        )
+
+
+def _load_into(model: nn.Module, path: Path, dev: torch.device, dtype: torch.dtype) -> None:
+    """Read tensor by tensor straight onto ``dev`` (cast one at a time, so no second full copy) and
+    assign them into the meta-built model."""
+    direct = dev.type in ("cpu", "cuda")
+    state: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(path), framework="pt", device=str(dev) if direct else "cpu") as fh:
+            for key in expected_keys(model):
+                t = fh.get_tensor(key)
+                if t.is_floating_point() and t.dtype != dtype:
+                    t = t.to(dtype)
+                state[key] = t if direct else t.to(dev)
+    except Exception as err:  # safetensors raises its own error type for damaged files
+        raise CheckpointError(
+            f"Could not read the tensors of {path} ({err}). Delete it and download it again."
+        ) from err
+    model.load_state_dict(state, strict=True, assign=True)
+    still_meta = [n for n, p in model.named_parameters() if p.is_meta]
+    if still_meta:  # cannot happen after a strict load; guards against silent garbage
+        raise CheckpointError(f"{path}: parameters left unloaded: {_few(still_meta)}.")

@@ -1,0 +1,124 @@
+"""Surface normals: a photo in, one unit normal per pixel (camera frame: x right, y down, z into
+the scene as the release encodes it) at the original size out.
+
+As in the release: aspect-preserving resize with centred zero padding to the network input,
+per-pixel L2 normalisation, padding cropped off, bilinear resize to the original size (and one
+more normalisation, since interpolating unit vectors shortens them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import OptionError
+from ..imaging import letterbox, unletterbox
+from .base import Pipeline, TaskResult
+from .seg import LazySeg, SegSource
+
+EPS = 1e-8
+
+
+def unit_normalise(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """x / max(|x|, 1e-8) along ``dim``: unit vectors, zero vectors stay zero."""
+    return x / x.norm(dim=dim, keepdim=True).clamp_min(EPS)
+
+
+@dataclass(kw_only=True)
+class NormalResult(TaskResult):
+    """Unit surface normals at the original size, with the person mask when it was asked for."""
+
+    normals: np.ndarray  # (H, W, 3) float32, unit length (zero where the model gave no value)
+    mask: np.ndarray | None = None  # (H, W) bool, True on the person (background removal only)
+
+    def render(self, *, background: str = "black") -> np.ndarray:
+        """RGB = (n + 1) / 2 * 255 (x->R, y->G, z->B); ``background`` ("black" or "photo") shows
+        outside the mask (everywhere the normal is valid when there is no mask)."""
+        from ..render import normals_to_rgb
+
+        if background not in ("black", "photo"):
+            raise OptionError(f"background must be 'black' or 'photo'; got {background!r}.")
+        bg: Any = self.image if background == "photo" else "black"
+        return normals_to_rgb(self.normals, self.mask, bg)
+
+    def save(self, out_dir: str | Path) -> list[Path]:
+        """Writes ``<name>_normal.npy`` (float16, (H, W, 3)), ``<name>_normal.png`` and, with a
+        mask, ``<name>_normal_mask.png``; returns their paths."""
+        from ..export import safe_path, write_npy, write_png
+
+        finite = np.nan_to_num(self.normals, nan=0.0, posinf=0.0, neginf=0.0)
+        paths = [
+            write_npy(safe_path(out_dir, self.name, "_normal.npy"), finite, np.float16),
+            write_png(safe_path(out_dir, self.name, "_normal.png"), self.render()),
+        ]
+        if self.mask is not None:
+            paths.append(
+                write_png(safe_path(out_dir, self.name, "_normal_mask.png"), self.mask.astype(np.uint8) * 255)
+            )
+        return [Path(p) for p in paths]
+
+
+class NormalPipeline(Pipeline):
+    """Surface normals: ``NormalPipeline("0.4b")(photo)`` -> :class:`NormalResult`.
+
+    ``seg``: the segmentation used by ``remove_background=True`` -- a SegPipeline, a zero-argument
+    function returning one (called on first use), or None to load the seg model of the same size
+    when first needed.
+    """
+
+    task = "normal"
+
+    #: Network input (H, W); None = the checkpoint's own (1024x768; 4x that for the 4K backbone).
+    #: Other multiples of 16 run (faster when smaller) but are outside what the model was trained on.
+    input_hw: tuple[int, int] | None = None
+
+    def __init__(
+        self,
+        size: str | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        checkpoint: str | Path | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        seg: SegSource = None,
+    ) -> None:
+        super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
+        self.seg = LazySeg(seg, self)
+
+    def __call__(self, image: Any, *, remove_background: bool = False) -> NormalResult:
+        """Normals of one image. ``remove_background`` also runs the body-part segmentation model
+        (class 0 = background) to mask the person; if it cannot be loaded, a notice says so and
+        every pixel is kept."""
+        t0 = time.perf_counter()
+        intake = self._prepare(image)
+        info = self.run_info()
+        notices = list(intake.notices)
+        x, pad = letterbox(
+            intake.work, self.input_hw or self.spec.input_size(self.size or ""), self.device, self.dtype
+        )
+        n = self.timed_forward(info, x).normals.float()
+        if not bool(torch.isfinite(n).all()):
+            notices.append("The normal model returned non-finite values; those pixels are left at zero.")
+            n = torch.nan_to_num(n, nan=0.0, posinf=0.0, neginf=0.0)
+        n = unletterbox(unit_normalise(n), pad, intake.rgb.shape[:2])
+        n = unit_normalise(n)
+        mask = None
+        if remove_background:
+            fg = self.seg.foreground(intake, info, notices, "Every pixel is kept.")
+            mask = None if fg is None else fg.cpu().numpy()
+        normals = n[0].permute(1, 2, 0).contiguous().cpu().numpy()
+        info.total_s = time.perf_counter() - t0
+        return NormalResult(
+            image=intake.rgb,
+            info=info,
+            notices=notices,
+            downscaled=intake.downscaled,
+            name=intake.name,
+            normals=normals,
+            mask=mask,
+        )

@@ -1,0 +1,196 @@
+"""Heatmap decoding for top-down pose: argmax + DARK-UDP sub-pixel refinement, batched in torch.
+
+Equal to the release codec (``UDPHeatmap.decode``): per map the argmax and its value as the score
+(location -1 when the score is <= 0); the maps are blurred with an 11x11 Gaussian (zero border,
+rescaled to keep each map's maximum), clamped to [1e-3, 50], logged, replicate-padded by one
+pixel, and each location takes one Newton step with central-difference gradient and Hessian.
+Everything runs on the heatmaps' own device for all people and keypoints at once.
+
+Deliberate differences, each only where the release would produce garbage or crash:
+non-finite heatmap values count as 0; points with score <= 0 stay at (-1, -1) (the release
+refines them from whatever lies beyond the map's corner); a singular Hessian leaves the argmax
+unrefined (the release raises LinAlgError); a blurred map whose maximum is 0 is not rescaled.
+"""
+
+from __future__ import annotations
+
+from typing import overload
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import OptionError
+
+
+def _gaussian_1d(kernel: int, device: torch.device) -> torch.Tensor:
+    # cv2.GaussianBlur's sigma for sigma=0 and its normalised kernel (computed in float64)
+    sigma = 0.3 * ((kernel - 1) * 0.5 - 1) + 0.8
+    x = torch.arange(kernel, dtype=torch.float64) - (kernel - 1) / 2
+    g = torch.exp(-(x * x) / (2 * sigma * sigma))
+    return (g / g.sum()).to(device=device, dtype=torch.float32)
+
+
+def _band(n: int, g: torch.Tensor) -> torch.Tensor:
+    """(n, n) matrix B with (B @ v)[i] = sum_j g[j] v[i + j - r], zero outside: a 1-D blur."""
+    r = len(g) // 2
+    i = torch.arange(n, device=g.device)
+    d = i[None, :] - i[:, None] + r
+    return torch.where((d >= 0) & (d < len(g)), g[d.clamp(0, len(g) - 1)], 0.0)
+
+
+def blur_keep_max(maps: torch.Tensor, kernel: int = 11) -> torch.Tensor:
+    """(M, H, W) float32 -> Gaussian-blurred with a zero border, each map rescaled to its own max.
+
+    The blur is two banded matrix products (fast on every device, exact zero border).
+    """
+    m, h, w = maps.shape
+    g = _gaussian_1d(kernel, maps.device)
+    x = _band(h, g) @ maps @ _band(w, g).T
+    before = maps.reshape(m, -1).amax(1)
+    after = x.reshape(m, -1).amax(1)
+    ratio = torch.where(after != 0, before / torch.where(after != 0, after, 1.0), 1.0)
+    return x * ratio[:, None, None]
+
+
+def _blur_3x3(maps: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Blurred values (no rescale) at the 3x3 pixels around (xi, yi) of each map: (M, 3, 3).
+
+    Reads only a (kernel+2)^2 window per map. Positions beyond the map take the value of the
+    nearest edge pixel (the replicate padding the refinement uses).
+    """
+    m, h, w = maps.shape
+    r = kernel // 2 + 1
+    g = _gaussian_1d(kernel, maps.device)
+    ar = torch.arange(-r, r + 1, device=maps.device)
+    rows, cols = yi[:, None] + ar, xi[:, None] + ar  # (M, k+2) window around each argmax
+    inside = ((rows >= 0) & (rows < h))[:, :, None] & ((cols >= 0) & (cols < w))[:, None, :]
+    rc, cc = rows.clamp(0, h - 1)[:, :, None], cols.clamp(0, w - 1)[:, None, :]
+    patch = maps[torch.arange(m, device=maps.device)[:, None, None], rc, cc] * inside  # zero border
+    band = torch.stack([F.pad(g, (o, 2 - o)) for o in range(3)])  # (3, k+2)
+    b3 = band @ patch @ band.T  # (M, 3, 3): rows y-1..y+1, cols x-1..x+1
+    # replicate padding at the borders: an outside neighbour repeats the centre row/column
+    b3[:, :, 0] = torch.where((xi == 0)[:, None], b3[:, :, 1], b3[:, :, 0])
+    b3[:, :, 2] = torch.where((xi == w - 1)[:, None], b3[:, :, 1], b3[:, :, 2])
+    b3[:, 0, :] = torch.where((yi == 0)[:, None], b3[:, 1, :], b3[:, 0, :])
+    b3[:, 2, :] = torch.where((yi == h - 1)[:, None], b3[:, 1, :], b3[:, 2, :])
+    return b3
+
+
+@overload
+def decode_heatmaps(heatmaps: np.ndarray, *, blur_kernel: int = 11) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def decode_heatmaps(
+    heatmaps: torch.Tensor, *, blur_kernel: int = 11
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def decode_heatmaps(
+    heatmaps: np.ndarray | torch.Tensor, *, blur_kernel: int = 11
+) -> tuple[np.ndarray, np.ndarray] | tuple[torch.Tensor, torch.Tensor]:
+    """(N, K, h, w) heatmaps -> keypoints (N, K, 2) as (x, y) in heatmap pixels and scores (N, K).
+
+    numpy in gives float32 numpy out; torch in gives float32 torch out on the same device.
+    ``blur_kernel`` is the DARK modulation kernel (odd; 11 as in the release).
+    """
+    is_numpy = isinstance(heatmaps, np.ndarray)
+    if not is_numpy and not isinstance(heatmaps, torch.Tensor):
+        raise OptionError(f"heatmaps must be a numpy array or a torch tensor, got {type(heatmaps).__name__}.")
+    hm = torch.from_numpy(np.ascontiguousarray(heatmaps)) if is_numpy else heatmaps
+    if hm.ndim != 4 or min(hm.shape[2:]) < 1:
+        raise OptionError(f"heatmaps must be shaped (N, K, h, w); got {tuple(hm.shape)}.")
+    if not (isinstance(blur_kernel, int) and blur_kernel >= 1 and blur_kernel % 2 == 1):
+        raise OptionError(
+            f"blur_kernel must be an odd positive integer (11 in the release); got {blur_kernel!r}."
+        )
+    kp, sc, _ = _decode(hm.detach().float(), blur_kernel)
+    if is_numpy:
+        return kp.numpy(), sc.numpy()
+    return kp, sc
+
+
+def decode_checked(heatmaps: torch.Tensor, blur_kernel: int = 11) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """:func:`decode_heatmaps` for torch input, also returning how many maps held NaN/inf."""
+    return _decode(heatmaps.detach().float(), blur_kernel)
+
+
+def _decode(hm: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    n, k, h, w = hm.shape
+    maps = hm.reshape(n * k, h, w)
+    scores, flat = maps.reshape(n * k, -1).max(dim=1)  # first maximum, as numpy's argmax
+    bad = torch.nonzero(~torch.isfinite(scores)).flatten()
+    if len(bad):  # NaN/inf in a map (max propagates them): count them as 0, in those maps only
+        maps = maps.clone()
+        maps[bad] = torch.nan_to_num(maps[bad], nan=0.0, posinf=0.0, neginf=0.0)
+        scores[bad], flat[bad] = maps[bad].reshape(len(bad), -1).max(dim=1)
+    valid = scores > 0
+    xi = flat % w
+    yi = torch.div(flat, w, rounding_mode="floor")
+
+    # log of the blurred, max-rescaled, clamped map at the 3x3 around each argmax. Fast path:
+    # blur just those pixels. Rescaling multiplies a map by origmax/blurmax >= 1 and blurred
+    # values never exceed origmax, so when the 3x3 values are >= 1e-3 and origmax <= 50 the clamp
+    # is idle and log(ratio) is a constant that cancels in every derivative below.
+    b3 = _blur_3x3(maps, xi, yi, kernel)
+    log3 = b3.clamp(min=1e-30).log()
+    slow = valid & ((b3.reshape(-1, 9).amin(1) < 1e-3) | (scores > 50.0))
+    ids = torch.nonzero(slow).flatten()
+    if len(ids):  # weak or huge maps: the full blur, exactly as the release does it
+        full = blur_keep_max(maps[ids], kernel).clamp_(1e-3, 50.0).log_()
+        ar = torch.arange(-1, 2, device=hm.device)
+        rows = (yi[ids, None] + ar).clamp(0, h - 1)[:, :, None]
+        cols = (xi[ids, None] + ar).clamp(0, w - 1)[:, None, :]
+        log3[ids] = full[torch.arange(len(ids), device=hm.device)[:, None, None], rows, cols]
+
+    # the Newton step in float64 (the release inverts the Hessian in float64 too)
+    wide = torch.float32 if hm.device.type == "mps" else torch.float64
+    v = log3.to(wide)
+    c, left, r, up, down = v[:, 1, 1], v[:, 1, 0], v[:, 1, 2], v[:, 0, 1], v[:, 2, 1]
+    gx, gy = 0.5 * (r - left), 0.5 * (down - up)
+    eps = float(np.finfo(np.float32).eps)
+    hxx = r - 2 * c + left + eps
+    hyy = down - 2 * c + up + eps
+    hxy = 0.5 * (v[:, 2, 2] - r - down + 2 * c - left - up + v[:, 0, 0])
+    det = hxx * hyy - hxy * hxy
+    ox = (hyy * gx - hxy * gy) / det
+    oy = (hxx * gy - hxy * gx) / det
+    ok = valid & (det != 0) & torch.isfinite(ox) & torch.isfinite(oy)
+    x = torch.where(ok, xi - ox, xi.to(wide)).to(torch.float32)
+    y = torch.where(ok, yi - oy, yi.to(wide)).to(torch.float32)
+    kp = torch.stack([torch.where(valid, x, -1.0), torch.where(valid, y, -1.0)], dim=-1)
+    return kp.reshape(n, k, 2), scores.reshape(n, k), len(bad)
+
+
+def flip_back(heatmaps: torch.Tensor, flip_index: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Heatmaps of horizontally flipped crops -> heatmaps of the unflipped crops.
+
+    Mirrors each map back (no pixel shift, as in the release) and swaps left/right channels:
+    output channel k is the flipped prediction's channel ``flip_index[k]``.
+    """
+    fi = torch.tensor(np.asarray(flip_index), dtype=torch.long, device=heatmaps.device)
+    return heatmaps.flip(-1).index_select(1, fi)
+
+
+def merge_flip(
+    heatmaps: torch.Tensor, flipped: torch.Tensor, flip_index: np.ndarray | torch.Tensor
+) -> torch.Tensor:
+    """Average plain and flip-back heatmaps (the release's flip test)."""
+    return (heatmaps + flip_back(flipped, flip_index)) * 0.5
+
+
+def heatmap_to_crop(
+    keypoints: torch.Tensor, heatmap_hw: tuple[int, int], input_hw: tuple[int, int]
+) -> torch.Tensor:
+    """Heatmap px -> crop px on the crop's UDP pixel grid: ``x * (W-1)/(w-1)``, ``y * (H-1)/(h-1)``.
+
+    The release writes ``x * W/(w-1)`` and then maps to the image with ``kp/W * scale + c -
+    scale/2``; the composition equals this scaling followed by the exact inverse of the UDP crop
+    warp (:func:`sapiens2.imaging.warp_matrix`), which is what the pipeline applies.
+    """
+    h, w = heatmap_hw
+    ih, iw = input_hw
+    f = torch.tensor([(iw - 1) / max(w - 1, 1), (ih - 1) / max(h - 1, 1)], dtype=keypoints.dtype)
+    return keypoints * f.to(keypoints.device)
+
+
+__all__ = ["blur_keep_max", "decode_checked", "decode_heatmaps", "flip_back", "heatmap_to_crop", "merge_flip"]

@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny random checkpoints built once per test session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_TESTS = Path(__file__).resolve().parent
+for _p in (_TESTS, _TESTS.parent):  # `import tiny_checkpoints` and `import sapiens2` without installing
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from tiny_checkpoints import TASK_NAMES, make_tiny_checkpoint  # noqa: E402
+
+# Tiny models are dominated by small element-wise ops; on a shared or small CPU extra threads
+# mostly wait on each other (measured here: one 200k-element multiply 80x slower with 2 threads
+# on a loaded 2-core machine). One thread keeps the suite fast and its timings steady.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """task -> folder holding a tiny transformers-written checkpoint (model.safetensors + config.json)."""
+    root = tmp_path_factory.mktemp("tiny_checkpoints")
+    return {task: make_tiny_checkpoint(task, root / task, seed=i) for i, task in enumerate(TASK_NAMES)}

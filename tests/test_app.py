@@ -1,0 +1,234 @@
+"""The real app (``app.build_demo``) served on 127.0.0.1 and called through ``gradio_client``.
+
+Weights are the tiny random checkpoints, given through the documented injection point
+(``ModelManager(checkpoints=...)``, the same as ``python app.py --checkpoint TASK=PATH``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # app.py lives at the top level
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+
+import app  # noqa: E402
+from sapiens2 import serving  # noqa: E402
+from sapiens2.metadata import NUM_KEYPOINTS  # noqa: E402
+
+PHOTO = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"  # small: 640x426
+PHOTO_WH = Image.open(PHOTO).size
+ENDPOINTS = ["/pose", "/seg", "/normal", "/pointmap", "/matting", "/features", "/similarity", "/all"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoints, tmp_path_factory) -> Iterator[tuple[Any, str]]:
+    """Two servers: the app with tiny weights, and the app with no weights at all (offline)."""
+    mp = pytest.MonkeyPatch()
+    tmp = tmp_path_factory.mktemp("app")
+    mp.setenv("GRADIO_EXAMPLES_CACHE", str(tmp / "examples"))
+    empty = tmp / "no_weights"
+    empty.mkdir()
+    mp.setenv("SAPIENS2_CHECKPOINTS", str(empty))
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    demos = []
+    urls = []
+    for checkpoints in (tiny_checkpoints, {}):
+        manager = serving.ModelManager(device="cpu", checkpoints=checkpoints)
+        demo = app.build_demo(manager, folders=serving.RequestFolders(tmp / "requests"))
+        _, url, _ = app.launch(demo, host="127.0.0.1", port=free_port(), prevent_thread_lock=True, quiet=True)
+        demos.append(demo)
+        urls.append(url)
+    yield tmp, urls
+    for demo in demos:
+        demo.close()
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def client(served) -> Client:
+    tmp, urls = served
+    return Client(urls[0], download_files=str(tmp / "downloads"), verbose=False)
+
+
+@pytest.fixture(scope="module")
+def bare_client(served) -> Client:
+    tmp, urls = served
+    return Client(urls[1], download_files=str(tmp / "downloads_bare"), verbose=False)
+
+
+def photo() -> Any:
+    return handle_file(str(PHOTO))
+
+
+def check_slider(pair: Any) -> None:
+    before, after = pair
+    assert Image.open(before).size == PHOTO_WH
+    assert Image.open(after).size == PHOTO_WH
+
+
+def check_files(paths: list[str], suffixes: set[str]) -> dict[str, Path]:
+    """Every download exists and parses; returns them by suffix."""
+    by_suffix: dict[str, Path] = {}
+    for p in map(Path, paths):
+        assert p.is_file() and p.stat().st_size > 0, p
+        if p.suffix == ".png":
+            with Image.open(p) as im:
+                im.load()
+                assert im.size == PHOTO_WH, p.name
+        elif p.suffix == ".npy":
+            np.load(p)
+        elif p.suffix == ".json":
+            json.loads(p.read_text())
+        elif p.suffix == ".glb":
+            assert p.read_bytes()[:4] == b"glTF"
+        elif p.suffix == ".ply":
+            assert p.read_bytes()[:3] == b"ply"
+        by_suffix.setdefault(p.suffix, p)
+    assert suffixes <= set(by_suffix), (suffixes, list(by_suffix))
+    return by_suffix
+
+
+def check_pose_json(data: dict) -> None:
+    people = data["people"]
+    assert len(people) >= 1
+    for person in people:
+        names = [k["name"] for k in person["keypoints"]]
+        assert len(names) == NUM_KEYPOINTS == 308 and len(set(names)) == 308
+        assert "left_wrist" in names
+
+
+def test_page_and_api_list_every_endpoint(client: Client, served) -> None:
+    import urllib.request
+
+    html = urllib.request.urlopen(served[1][0], timeout=30).read().decode()
+    assert "Sapiens2" in html
+    named = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert set(ENDPOINTS) <= set(named)
+
+
+def test_pose(client: Client) -> None:
+    pair, data, files, line = client.predict(
+        photo(), "0.4b", 0.3, False, True, False, True, 20, api_name="/pose"
+    )
+    check_slider(pair)
+    check_pose_json(data)
+    found = check_files(files, {".json", ".png"})
+    check_pose_json(json.loads(found[".json"].read_text()))
+    assert line.startswith("pose ") and "cpu" in line and "model" in line
+
+
+def test_seg(client: Client) -> None:
+    pair, legend, files, line = client.predict(photo(), "0.4b", 0.5, ["Face_Neck", "Torso"], api_name="/seg")
+    check_slider(pair)
+    assert Image.open(legend).size[0] > 0
+    found = check_files(files, {".png", ".npy"})
+    labels = np.load(found[".npy"])
+    assert labels.shape == PHOTO_WH[::-1] and labels.max() < 29
+    assert line.startswith("seg ")
+
+
+def test_normal(client: Client) -> None:
+    pair, files, line = client.predict(photo(), "0.4b", False, "photo", api_name="/normal")
+    check_slider(pair)
+    normals = np.load(check_files(files, {".png", ".npy"})[".npy"])
+    assert normals.shape == (*PHOTO_WH[::-1], 3)
+    assert line.startswith("normal ")
+
+
+def test_pointmap(client: Client) -> None:
+    pair, glb, files, line = client.predict(photo(), "0.4b", False, api_name="/pointmap")
+    check_slider(pair)
+    assert Path(glb).read_bytes()[:4] == b"glTF"
+    check_files(files, {".glb", ".ply", ".npy", ".png"})
+    assert line.startswith("pointmap ")
+
+
+def test_matting(client: Client) -> None:
+    pair, files, line = client.predict(photo(), "1b", "#ff0000", None, api_name="/matting")
+    check_slider(pair)
+    found = check_files(files, {".png"})
+    modes = {Image.open(p).mode for p in files}
+    assert "RGBA" in modes  # the cut-out
+    assert found and line.startswith("matting ")
+
+
+def test_features_and_similarity(client: Client) -> None:
+    pair, summary, files, line = client.predict(photo(), "0.1b", api_name="/features")
+    check_slider(pair)
+    emb = np.load(check_files(files, {".npy", ".png"})[".npy"])
+    assert emb.ndim == 1 and summary["dim"] == emb.shape[0]
+    score, sim_line = client.predict(photo(), photo(), "0.1b", api_name="/similarity")
+    assert score == pytest.approx(1.0, abs=1e-4)  # a photo is identical to itself
+    assert sim_line.count("pretrain") == 2
+
+
+def test_all_tasks(client: Client) -> None:
+    values = client.predict(
+        photo=photo(), pose_size="0.4b", classes=["Torso"], use_segmentation=False, api_name="/all"
+    )
+    pose, seg, normal, pointmap, matting, feats = (
+        values[0:4], values[4:8], values[8:11], values[11:15], values[15:18], values[18:22]
+    )  # fmt: skip
+    assert values[-1].startswith("6 of 6 tasks done")
+    check_pose_json(pose[1])
+    for pair in (pose[0], seg[0], normal[0], pointmap[0], matting[0], feats[0]):
+        check_slider(pair)
+    check_files(pointmap[2], {".glb", ".ply"})
+
+
+def test_unreadable_file_is_an_error_with_the_reason(client: Client, tmp_path) -> None:
+    bad = tmp_path / "holiday.jpg"
+    bad.write_text("this is a text file, not a photo")
+    with pytest.raises(Exception, match=r"not an image \(it contains text\)"):
+        client.predict(handle_file(str(bad)), "0.4b", 0.5, [], api_name="/seg")
+    truncated = tmp_path / "cut.jpg"
+    truncated.write_bytes(PHOTO.read_bytes()[:200])
+    with pytest.raises(Exception, match=r"(?i)image"):
+        client.predict(handle_file(str(truncated)), "0.4b", api_name="/features")
+
+
+def test_too_large_image_is_an_error_naming_the_limit(client: Client, tmp_path) -> None:
+    big = tmp_path / "huge.png"
+    Image.new("1", (10000, 9000)).save(big)  # 90 megapixels in an 11 kB file
+    with pytest.raises(Exception, match=r"10000x9000 px .* above the limit of 89\.5 megapixels"):
+        client.predict(handle_file(str(big)), "0.1b", api_name="/features")
+
+
+def test_no_gradio_stub_written_next_to_the_app() -> None:
+    # Gradio writes a .pyi next to any component subclass; the app must not leave one behind
+    assert not (ROOT / "app.pyi").exists()
+
+
+def test_bad_options_are_errors_naming_the_allowed_values(client: Client) -> None:
+    with pytest.raises(Exception, match=r"0\.4b.*0\.8b.*1b.*5b"):
+        client.predict(photo(), "7b", 0.5, [], api_name="/seg")
+    with pytest.raises(Exception, match=r"Unknown body-part class 'wings'"):
+        client.predict(photo(), "0.4b", 0.5, ["wings"], api_name="/seg")
+
+
+def test_without_weights_the_ui_serves_and_requests_name_the_repo(bare_client: Client, served) -> None:
+    import urllib.request
+
+    assert urllib.request.urlopen(served[1][1], timeout=30).status == 200
+    with pytest.raises(Exception, match=r"facebook/sapiens2-seg-0\.4b.*SAPIENS2_CHECKPOINTS"):
+        bare_client.predict(photo(), "0.4b", 0.5, [], api_name="/seg")
+    with pytest.raises(Exception, match=r"No task could run"):
+        bare_client.predict(photo=photo(), api_name="/all")

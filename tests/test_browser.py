@@ -1,0 +1,105 @@
+"""The app in a real browser: Debian's chromium driven by Playwright, headless, one session.
+
+Opens the page, visits every tab (screenshot each into a temporary folder), runs one example
+and waits for its result image, and fails on any uncaught page error.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists():
+    pytest.skip(
+        "Debian's chromium is not installed at /usr/bin/chromium (apt-get install chromium; "
+        "Playwright cannot download its own browser here).",
+        allow_module_level=True,
+    )
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+)
+
+import app  # noqa: E402
+from sapiens2 import serving  # noqa: E402
+
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# (tab label, the tab's run button, elem_id prefix of its widgets)
+TABS = [
+    ("Pose", "Run pose", "pose"),
+    ("Body parts", "Run body parts", "seg"),
+    ("Normals", "Run normals", "normal"),
+    ("Pointmap / 3D", "Run pointmap", "pointmap"),
+    ("Matting", "Run matting", "matting"),
+    ("Features", "Run features", "pretrain"),
+]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_checkpoints, tmp_path_factory) -> Iterator[str]:
+    mp = pytest.MonkeyPatch()
+    tmp = tmp_path_factory.mktemp("browser_app")
+    mp.setenv("GRADIO_EXAMPLES_CACHE", str(tmp / "examples"))
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+    demo = app.build_demo(manager, folders=serving.RequestFolders(tmp / "requests"))
+    _, url, _ = app.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
+    yield url
+    demo.close()
+    mp.undo()
+
+
+def test_every_tab_renders_and_an_example_runs(app_url: str, tmp_path_factory) -> None:
+    shots = Path(os.environ.get("SAPIENS2_BROWSER_ARTIFACTS") or tmp_path_factory.mktemp("screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    page_errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.on("pageerror", lambda err: page_errors.append(str(err)))
+            page.goto(app_url, wait_until="domcontentloaded", timeout=60_000)
+            page.get_by_text("Sapiens2: human vision in one place").wait_for(timeout=60_000)
+
+            # one example, on the first tab: the result image must appear with its run info
+            page.locator("#pose-examples .gallery-item").first.click()
+            page.locator("#pose-result img").first.wait_for(state="visible", timeout=120_000)
+            info = page.locator("#pose-info textarea")
+            sync_api.expect(info).to_have_value(lambda_prefix("pose "), timeout=30_000)
+
+            for label, button, key in TABS:
+                page.get_by_role("tab", name=label, exact=True).click()
+                page.get_by_role("button", name=button, exact=True).wait_for(state="visible", timeout=30_000)
+                assert page.locator(f"#{key}-examples .gallery-item").first.is_visible()
+                path = shots / f"tab-{key}.png"
+                page.screenshot(path=str(path), full_page=True)
+                assert path.stat().st_size > 10_000, f"blank screenshot of the {label} tab?"
+        finally:
+            browser.close()
+    print(f"screenshots in {shots}")
+    assert not page_errors, f"uncaught page errors: {page_errors}"
+
+
+def lambda_prefix(prefix: str):
+    """A regex for expect(...).to_have_value: the value starts with ``prefix``."""
+    import re
+
+    return re.compile("^" + re.escape(prefix))

@@ -1,0 +1,328 @@
+"""The serving layer: model cache (lock, failures, LRU, trim), option checks, OOM path, folders."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sapiens2 import serving
+from sapiens2.errors import InputImageError, OptionError, WeightsUnavailableError
+from sapiens2.serving import ModelManager
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
+
+class CountingFactory:
+    """Builds stand-in pipelines and records every build (optionally slow, optionally failing)."""
+
+    def __init__(self, delay: float = 0.0, fail_first: int = 0) -> None:
+        self.calls: list[tuple[str, str | None]] = []
+        self.delay = delay
+        self.fail_first = fail_first
+        self._lock = threading.Lock()
+
+    def __call__(self, task: str, size: str | None, **kwargs):
+        with self._lock:
+            self.calls.append((task, size))
+            n = len(self.calls)
+        time.sleep(self.delay)
+        if n <= self.fail_first:
+            raise WeightsUnavailableError(f"simulated: weights for {task} {size} missing")
+        return object()
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def test_two_threads_needing_the_same_model_load_it_once() -> None:
+    factory = CountingFactory(delay=0.3)
+    manager = ModelManager(device="cpu", factory=factory)
+    start = threading.Barrier(3)
+    got: list[object] = []
+
+    def worker() -> None:
+        start.wait()
+        got.append(manager.get("seg", "0.4b"))
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert factory.calls == [("seg", "0.4b")]
+    assert len(got) == 3 and got[0] is got[1] is got[2]
+    assert manager.loads == 1
+
+
+def test_different_models_load_in_parallel() -> None:
+    # one lock per key: a slow load of one model must not serialise another model's load
+    factory = CountingFactory(delay=0.4)
+    manager = ModelManager(device="cpu", factory=factory)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=manager.get, args=(t, None)) for t in ("seg", "normal", "matting")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(factory.calls) == 3
+    assert time.perf_counter() - t0 < 1.0  # serial would be >= 1.2 s
+
+
+def test_failed_load_is_not_cached_and_the_next_request_retries() -> None:
+    factory = CountingFactory(fail_first=1)
+    manager = ModelManager(device="cpu", factory=factory)
+    with pytest.raises(WeightsUnavailableError, match="simulated"):
+        manager.get("pose", "0.4b")
+    assert manager.loaded() == [] and manager.failures == 1
+    pipe = manager.get("pose", "0.4b")
+    assert pipe is not None and manager.loaded() == [("pose", "0.4b")]
+    assert len(factory.calls) == 2
+
+
+def test_missing_checkpoint_error_then_success_once_the_file_exists(tmp_path, tiny_checkpoints) -> None:
+    # real loader: a checkpoint that appears after a failure is picked up by the next request
+    target = tmp_path / "late_seg"
+    manager = ModelManager(device="cpu", checkpoints={"seg": target})
+    with pytest.raises(WeightsUnavailableError, match="late_seg"):
+        manager.get("seg")
+    assert manager.loaded() == []
+    shutil.copytree(tiny_checkpoints["seg"], target)
+    pipe = manager.get("seg")
+    assert type(pipe).__name__ == "SegPipeline"
+    assert manager.loaded() == [("seg", serving.CUSTOM)]
+    assert manager.get("seg", "5b") is pipe  # an explicit checkpoint serves every size
+
+
+def test_lru_bound_evicts_least_recently_used() -> None:
+    manager = ModelManager(device="cpu", max_models=2, factory=CountingFactory())
+    manager.get("seg", "0.4b")
+    manager.get("seg", "0.8b")
+    manager.get("seg", "0.4b")  # now the most recent
+    manager.get("seg", "1b")
+    assert manager.loaded() == [("seg", "0.4b"), ("seg", "1b")]
+    manager.get("seg", "0.8b")  # evicted before, so it loads again
+    assert manager.loads == 4
+    assert len(manager.loaded()) == 2
+
+
+def test_pinned_models_are_not_evicted_and_preload_reports_failures() -> None:
+    factory = CountingFactory()
+    manager = ModelManager(device="cpu", max_models=1, factory=factory)
+    assert manager.preload(["pose", "seg"]) == {}
+    manager.get("normal", "0.4b")
+    manager.get("normal", "1b")
+    assert set(manager.loaded()) == {("pose", "0.4b"), ("seg", "0.4b"), ("normal", "1b")}
+
+    failing = ModelManager(device="cpu", factory=CountingFactory(fail_first=5))
+    failed = failing.preload(["pose", "matting"])  # never raises: the app must start without weights
+    assert set(failed) == {"pose", "matting"} and "simulated" in failed["pose"]
+
+
+def test_trim_keeps_the_most_recent_and_clear_drops_all() -> None:
+    manager = ModelManager(device="cpu", factory=CountingFactory())
+    for task in ("pose", "seg", "normal"):
+        manager.get(task)
+    manager.get("seg")
+    dropped = manager.trim()
+    assert set(dropped) == {("pose", "0.4b"), ("normal", "0.4b")}
+    assert manager.loaded() == [("seg", "0.4b")]
+    manager.clear()
+    assert manager.loaded() == []
+
+
+def test_normal_and_pointmap_borrow_the_managers_seg_model(tiny_checkpoints) -> None:
+    manager = ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+    manager.prepare("normal", None, remove_background=True)
+    assert set(manager.loaded()) == {("normal", serving.CUSTOM), ("seg", serving.CUSTOM)}
+    normal = manager.get("normal")
+    assert normal.seg.get() is manager.get("seg")  # one seg model shared with the Body parts tab
+    manager.prepare("pointmap", None, use_segmentation=False)
+    assert ("pointmap", serving.CUSTOM) in manager.loaded()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_worker_can_use_the_cache_even_if_a_lock_was_held_at_fork() -> None:
+    # ZeroGPU runs GPU functions in a process forked from the server, possibly while another
+    # request thread holds the cache's lock; the child must not inherit a lock held forever.
+    manager = ModelManager(device="cpu", factory=CountingFactory())
+    pipe = manager.get("seg")
+    with manager._guard:  # as if another thread were inside the cache at fork time
+        pid = os.fork()
+        if pid == 0:  # child: exit 0 only if the cached pipeline is reachable
+            os._exit(0 if manager.get("seg") is pipe else 1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child deadlocked on the model cache's lock")
+
+
+# ----------------------------------------------------------------------------- sizes and options
+
+
+def test_default_sizes_follow_the_device_and_the_override() -> None:
+    cpu = ModelManager(device="cpu", factory=CountingFactory())
+    gpu = ModelManager(device="cuda", factory=CountingFactory())
+    assert [cpu.default_size(t) for t in ("pose", "matting", "features")] == ["0.4b", "1b", "0.1b"]
+    assert [gpu.default_size(t) for t in ("pose", "matting", "features")] == ["1b", "1b", "0.1b"]
+    small = ModelManager(device="cuda", size="0.8b", factory=CountingFactory())
+    assert [small.default_size(t) for t in ("pose", "matting", "features")] == ["0.8b", "1b", "0.8b"]
+
+
+def test_size_not_offered_names_the_sizes() -> None:
+    manager = ModelManager(device="cpu", factory=CountingFactory())
+    with pytest.raises(OptionError, match=r"'7b'.*0\.4b, 0\.8b, 1b, 5b"):
+        manager.get("pose", "7b")
+    with pytest.raises(OptionError, match=r"choose one of: 1b"):
+        manager.resolve_size("matting", "0.4b")
+    with pytest.raises(OptionError, match="pose, seg, normal"):
+        manager.get("depth")
+    assert manager.loads == 0
+
+
+@pytest.mark.parametrize(
+    ("task", "options", "message"),
+    [
+        ("pose", {"threshold": 1.5}, r"'threshold' must be a number from 0 to 1; got 1\.5"),
+        ("pose", {"threshold": float("nan")}, r"from 0 to 1"),
+        ("pose", {"max_people": 0}, r"'max_people' must be a number from 1 to 50"),
+        ("pose", {"max_people": 2.5}, r"whole number from 1 to 50"),
+        ("pose", {"flip_test": "maybe"}, r"'flip_test' must be true or false"),
+        ("pose", {"tresh": 0.2}, r"Unknown pose option 'tresh'; allowed: flip_test, max_people, threshold"),
+        ("seg", {"classes": ["left hand", "wings"]}, r"'wings'.*Face_Neck.*Left_Hand"),
+        ("seg", {"opacity": -0.1}, r"'opacity' must be a number from 0 to 1"),
+        ("normal", {"background": "white"}, r"must be one of: black, photo; got 'white'"),
+        ("matting", {"background_color": "green"}, r"'#rrggbb'"),
+        ("features", {"threshold": 0.3}, r"Unknown pretrain option 'threshold'; allowed: none"),
+    ],
+)
+def test_option_validation_messages(task: str, options: dict, message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        serving.split_options(task, options)
+
+
+def test_options_split_into_inference_and_rendering_with_defaults() -> None:
+    infer_opts, render_opts = serving.split_options("pose", {"threshold": "0.5", "flip_test": True})
+    assert infer_opts == {"flip_test": True, "max_people": 20}
+    assert render_opts == {"threshold": 0.5, "show_face": True, "body_only": False, "show_boxes": True}
+    _, seg = serving.split_options("seg", {"classes": ["left hand", "Face_Neck"]})
+    assert seg["classes"] == [3, 6] and seg["opacity"] == 0.5
+    _, seg_all = serving.split_options("seg", {"classes": []})
+    assert seg_all["classes"] is None
+    _, mat = serving.split_options("matting", {"background_color": "rgba(255, 0, 10, 1)"})
+    assert mat["background_color"] == (255, 0, 10)
+    assert serving.parse_color("#00B140") == (0, 177, 64)
+
+
+def test_checkpoint_specs_from_cli_and_env(monkeypatch, tmp_path) -> None:
+    specs = serving.parse_checkpoint_specs(["pose=/ckpt/p.safetensors", "features=~/f"])
+    assert specs == {"pose": Path("/ckpt/p.safetensors"), "pretrain": Path("~/f").expanduser()}
+    monkeypatch.setenv(serving.CHECKPOINTS_ENV, f"seg={tmp_path}, normal={tmp_path}/n")
+    assert serving.checkpoints_from_env() == {"seg": tmp_path, "normal": tmp_path / "n"}
+    with pytest.raises(OptionError, match=r"TASK=PATH with TASK one of: pose, seg"):
+        serving.parse_checkpoint_specs(["pose"])
+    with pytest.raises(OptionError, match=r"Unknown task 'hands'"):
+        serving.parse_checkpoint_specs("hands=/x")
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+class _OomPipeline:
+    def __call__(self, image, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def test_out_of_memory_trims_the_cache_and_advises_a_smaller_size() -> None:
+    manager = ModelManager(device="cpu", factory=lambda task, size, **kw: _OomPipeline())
+    manager.get("seg", "0.4b")
+    manager.get("normal", "0.4b")
+    with pytest.raises(serving.OutOfMemoryError, match=r"pose 5b.*smaller size \(0\.4b, 0\.8b, 1b\)"):
+        serving.infer(manager, "pose", np.zeros((8, 8, 3), np.uint8), "5b")
+    assert manager.loaded() == [("pose", "5b")]  # the others were dropped
+    with pytest.raises(serving.OutOfMemoryError, match="use a smaller photo"):
+        serving.infer(manager, "pose", np.zeros((8, 8, 3), np.uint8), "0.4b")
+    assert serving.is_out_of_memory(RuntimeError("CUDA error: out of memory"))
+    assert not serving.is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_read_photo_errors_are_clear(tmp_path) -> None:
+    with pytest.raises(InputImageError, match="No photo given"):
+        serving.read_photo(None)
+    fake = tmp_path / "notes.jpg"
+    fake.write_text("this is not a picture")
+    with pytest.raises(InputImageError) as err:
+        serving.read_photo(str(fake))
+    assert "text" in str(err.value).lower()
+    intake = serving.read_photo(str(ASSETS / "nasa-eileen-collins-portrait.png"))
+    assert intake.rgb.shape == (512, 512, 3) and intake.name == "nasa-eileen-collins-portrait"
+
+
+def test_gpu_seconds_scale_with_work_and_stay_bounded() -> None:
+    small = serving.gpu_seconds("seg", "0.4b", 512 * 512)
+    big = serving.gpu_seconds("seg", "5b", 512 * 512)
+    assert 10 <= small < big <= 120
+    assert serving.gpu_seconds("pose", "1b", 0, flip_test=True) > serving.gpu_seconds("pose", "1b", 0)
+    assert serving.gpu_seconds("normal", "1b", 0, remove_background=True) > serving.gpu_seconds(
+        "normal", "1b", 0
+    )
+    assert serving.gpu_seconds("pretrain", "1b-4k", 10**8) <= 120
+
+
+def test_request_folders_are_unique_and_old_ones_pruned(tmp_path) -> None:
+    folders = serving.RequestFolders(tmp_path, max_age_s=60)
+    a, b = folders.new(), folders.new()
+    assert a != b and a.parent == b.parent == tmp_path and a.is_dir()
+    (a / "x.png").write_bytes(b"1")
+    old = time.time() - 3600
+    os.utime(a, (old, old))
+    assert folders.prune(force=True) == 1
+    assert not a.exists() and b.exists()
+
+
+def _matting_result():
+    from sapiens2.tasks.base import RunInfo
+    from sapiens2.tasks.matting import MattingResult
+
+    h, w = 40, 30
+    alpha = np.zeros((h, w), np.float32)
+    alpha[10:30, 5:25] = 1.0
+    return MattingResult(
+        image=np.full((h, w, 3), 200, np.uint8),
+        info=RunInfo("matting", "1b", "cpu", "float32"),
+        name="photo",
+        foreground=np.dstack([alpha, alpha * 0, alpha * 0]),  # red person, premultiplied
+        alpha=alpha,
+    )
+
+
+def test_present_matting_over_a_background_image_of_another_size(tmp_path) -> None:
+    bg = tmp_path / "beach.png"
+    from PIL import Image
+
+    Image.new("RGB", (300, 17), (0, 0, 255)).save(bg)
+    _, render_opts = serving.split_options("matting", {"background_image": str(bg)})
+    shown = serving.present(_matting_result(), tmp_path / "out", **render_opts)
+    assert shown.after.shape == (40, 30, 3)
+    assert tuple(shown.after[0, 0]) == (0, 0, 255) and tuple(shown.after[20, 15]) == (255, 0, 0)
+    assert {p.name for p in shown.files} >= {"photo_cutout.png", "photo_alpha.png", "photo_composite.png"}
+    assert all(p.parent == tmp_path / "out" for p in shown.files)
+
+
+def test_present_names_a_bad_background_image(tmp_path) -> None:
+    bad = tmp_path / "bg.jpg"
+    bad.write_bytes(b"")
+    with pytest.raises(InputImageError, match=r"^Background image: .*empty"):
+        serving.present(_matting_result(), tmp_path, background_image=str(bad))
