@@ -99,7 +99,6 @@ class Case:
     people: int = 0  # pose only
     runs: list[dict[str, float]] = field(default_factory=list)
     peak_mb: float | None = None
-    notes: list[str] = field(default_factory=list)
 
     def median(self, stage: str) -> float:
         return statistics.median(r[stage] for r in self.runs)
@@ -184,6 +183,29 @@ def build(task: str, size: str, args: argparse.Namespace, seg_model: Any) -> Any
     if args.input_hw and task != "pointmap":  # the pointmap scale branch needs 1024x768
         pipe.input_hw = tuple(args.input_hw)
     return pipe
+
+
+def sdpa_probe(size: str, device: torch.device, dtype: torch.dtype) -> str:
+    """Which fused SDPA kernels accept this size's attention shapes (full and grouped-query layers)
+    at 1024x768: the math fallback is several times slower and holds the whole score matrix."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    arch = ARCHS[size]
+    n = 1 + 8 + (1024 // 16) * (768 // 16)
+    q = torch.randn(1, arch.heads, n, arch.head_dim, device=device, dtype=dtype)
+    found = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        ok = []
+        for kv in (arch.heads, arch.heads // 2):
+            k = q[:, :kv]
+            try:
+                with sdpa_kernel([backend]), torch.inference_mode():
+                    torch.nn.functional.scaled_dot_product_attention(q, k, k, enable_gqa=kv != arch.heads)
+                ok.append("full" if kv == arch.heads else "gqa")
+            except RuntimeError:
+                pass
+        found.append(f"{backend.name.lower()}: {'+'.join(ok) or 'no'}")
+    return f"head_dim {arch.head_dim}: " + ", ".join(found)
 
 
 def run_task(
@@ -293,6 +315,11 @@ def main() -> None:
         f"{args.dtype}, torch {torch.__version__}, threads {threads}, cpus {accel.available_cpus()}, "
         f"weights {args.weights}, runs {args.runs} after 1 warm-up, load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}"
     )
+    if args.device.startswith("cuda"):
+        for size in args.sizes.split(","):
+            print(
+                f"# SDPA kernels for {size}: {sdpa_probe(size, torch.device(args.device), DTYPES[args.dtype])}"
+            )
     cases: list[Case] = []
     with tempfile.TemporaryDirectory(prefix="sapiens2-bench-") as tmp:
         tmp_path = Path(tmp)

@@ -29,8 +29,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,28 +220,6 @@ class _TensorOutputs(nn.Module):
         return tuple(getattr(out, f.name) for f in dataclasses.fields(out))
 
 
-def _rope_caches(model: nn.Module) -> list[dict]:
-    caches = []
-    for module in model.modules():
-        cache = getattr(getattr(module, "_rope", None), "_cache", None)
-        if isinstance(cache, dict):
-            caches.append(cache)
-    return caches
-
-
-@contextmanager
-def _keep_rope_caches(model: nn.Module) -> Iterator[None]:
-    """torch.export runs Python on fake tensors; RoPE tables it builds would be cached as fake
-    tensors and break later eager calls. Restore the caches as they were before tracing."""
-    saved = [(cache, dict(cache)) for cache in _rope_caches(model)]
-    try:
-        yield
-    finally:
-        for cache, before in saved:
-            cache.clear()
-            cache.update(before)
-
-
 def export_model(
     model: nn.Module, example: torch.Tensor, *, max_batch: int | None = None
 ) -> torch.export.ExportedProgram:
@@ -252,7 +229,7 @@ def export_model(
     dynamic = None
     if max_batch is not None and max_batch > 1:
         dynamic = ({0: torch.export.Dim("batch", min=1, max=max_batch)},)
-    with _keep_rope_caches(model), torch.no_grad():
+    with torch.no_grad():
         return torch.export.export(_TensorOutputs(model).eval(), (example,), dynamic_shapes=dynamic)
 
 
@@ -319,8 +296,8 @@ def aoti_apply(compiled: Any, model: nn.Module) -> CompileReport:
 
     wrapper = _TensorOutputs(model)
     try:
-        spaces.aoti_apply(compiled, wrapper)
-        use_compiled_forward(model, wrapper.forward)
+        spaces.aoti_apply(compiled, wrapper)  # frees the weights (they are the model's)
+        use_compiled_forward(model, compiled)
     except Exception as err:
         return CompileReport("aoti", False, reason=f"apply failed: {type(err).__name__}: {err}")
     return CompileReport("aoti", True)

@@ -386,7 +386,13 @@ def to_device(img: np.ndarray | torch.Tensor, device: str | torch.device | None 
 
     Uploads the bytes as they are (uint8 is 4x less traffic than float32) and converts there.
     """
-    t = torch.from_numpy(np.ascontiguousarray(img)) if isinstance(img, np.ndarray) else img
+    if isinstance(img, np.ndarray):
+        arr = np.ascontiguousarray(img)
+        if not arr.flags.writeable:  # torch would warn on read-only memory (e.g. a cached photo)
+            arr = arr.copy()
+        t = torch.from_numpy(arr)
+    else:
+        t = img
     if t.ndim == 3:
         t = t.permute(2, 0, 1).unsqueeze(0)
     if t.ndim != 4 or t.shape[1] != 3:

@@ -221,6 +221,9 @@ class RopeTable:
     def __call__(
         self, h: int, w: int, device: torch.device, rope_dtype: torch.dtype | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            # tensors made while tracing are placeholders: never keep them for eager calls
+            return self._build(h, w, device, rope_dtype)
         key = (h, w, str(device), rope_dtype)
         if key not in self._cache:
             if len(self._cache) > 16:

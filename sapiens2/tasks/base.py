@@ -85,6 +85,10 @@ class Pipeline:
     """Base class: holds a loaded model and can be reused across images."""
 
     task: ClassVar[str]
+    #: Network input (H, W); None = the checkpoint's own (1024x768; 4x that for the 4K backbone).
+    #: Other multiples of 16 run (faster when smaller) but are outside what the model was trained
+    #: on: change it only for models trained at another size, or for quick tests.
+    input_hw: tuple[int, int] | None = None
     #: long-side limit of the working copy (see sapiens2.imaging.load_image); settable per instance
     max_side: int = DEFAULT_MAX_SIDE
 
@@ -109,6 +113,17 @@ class Pipeline:
             from ..accel import configure_cpu_threads
 
             configure_cpu_threads()  # once per process; only ever lowers an oversubscribed count
+
+    @property
+    def network_hw(self) -> tuple[int, int]:
+        """The (H, W) the model is fed: ``input_hw`` or the checkpoint's own input size."""
+        return tuple(self.input_hw or self.spec.input_size(self.size or ""))
+
+    def _begin(self, image: ImageSource | Intake) -> tuple[float, Intake, RunInfo, list[str]]:
+        """Start a request: the clock, the intake, a fresh RunInfo and the intake's notices."""
+        t0 = time.perf_counter()
+        intake = self._prepare(image)
+        return t0, intake, self.run_info(), list(intake.notices)
 
     def _prepare(self, image: ImageSource | Intake) -> Intake:
         """Image intake shared by every task (raises InputImageError on unusable input)."""

@@ -51,31 +51,9 @@ class FeaturesPipeline(Pipeline):
 
     task = "pretrain"
 
-    #: Network input (H, W); None = the checkpoint's own (1024x768; 4x that for the 4K backbone).
-    #: Other multiples of 16 run (faster when smaller) but are outside what the model was trained on.
-    input_hw: tuple[int, int] | None = None
-
-    def __init__(
-        self,
-        size: str | None = None,
-        *,
-        model: torch.nn.Module | None = None,
-        checkpoint: str | Path | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        if size is None and model is None and checkpoint is None:
-            size = "0.1b"  # the small backbone is enough to compare photos, on any hardware
-        super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
-
     def __call__(self, image: Any) -> FeaturesResult:
-        t0 = time.perf_counter()
-        intake = self._prepare(image)
-        info = self.run_info()
-        notices = list(intake.notices)
-        x = stretch_to(
-            intake.work, self.input_hw or self.spec.input_size(self.size or ""), self.device, self.dtype
-        )
+        t0, intake, info, notices = self._begin(image)
+        x = stretch_to(intake.work, self.network_hw, self.device, self.dtype)
         out = self.timed_forward(info, x)
         emb = out.cls_embedding[0].float()
         patches = out.patch_features[0].float()

@@ -58,18 +58,9 @@ class MattingPipeline(Pipeline):
 
     task = "matting"
 
-    #: Network input (H, W); None = the checkpoint's own (1024x768; 4x that for the 4K backbone).
-    #: Other multiples of 16 run (faster when smaller) but are outside what the model was trained on.
-    input_hw: tuple[int, int] | None = None
-
     def __call__(self, image: Any) -> MattingResult:
-        t0 = time.perf_counter()
-        intake = self._prepare(image)
-        info = self.run_info()
-        notices = list(intake.notices)
-        x = stretch_to(
-            intake.work, self.input_hw or self.spec.input_size(self.size or ""), self.device, self.dtype
-        )
+        t0, intake, info, notices = self._begin(image)
+        x = stretch_to(intake.work, self.network_hw, self.device, self.dtype)
         out = self.timed_forward(info, x)
         both = torch.cat([out.foreground, out.alpha], dim=1).float()  # one resize for all 4 channels
         if not bool(torch.isfinite(both).all()):

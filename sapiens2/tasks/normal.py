@@ -18,8 +18,8 @@ import torch
 
 from ..errors import OptionError
 from ..imaging import letterbox, unletterbox
-from .base import Pipeline, TaskResult
-from .seg import LazySeg, SegSource
+from .base import TaskResult
+from .seg import SegMaskedPipeline
 
 EPS = 1e-8
 
@@ -63,7 +63,7 @@ class NormalResult(TaskResult):
         return [Path(p) for p in paths]
 
 
-class NormalPipeline(Pipeline):
+class NormalPipeline(SegMaskedPipeline):
     """Surface normals: ``NormalPipeline("0.4b")(photo)`` -> :class:`NormalResult`.
 
     ``seg``: the segmentation used by ``remove_background=True`` -- a SegPipeline, a zero-argument
@@ -73,34 +73,12 @@ class NormalPipeline(Pipeline):
 
     task = "normal"
 
-    #: Network input (H, W); None = the checkpoint's own (1024x768; 4x that for the 4K backbone).
-    #: Other multiples of 16 run (faster when smaller) but are outside what the model was trained on.
-    input_hw: tuple[int, int] | None = None
-
-    def __init__(
-        self,
-        size: str | None = None,
-        *,
-        model: torch.nn.Module | None = None,
-        checkpoint: str | Path | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        seg: SegSource = None,
-    ) -> None:
-        super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
-        self.seg = LazySeg(seg, self)
-
     def __call__(self, image: Any, *, remove_background: bool = False) -> NormalResult:
         """Normals of one image. ``remove_background`` also runs the body-part segmentation model
         (class 0 = background) to mask the person; if it cannot be loaded, a notice says so and
         every pixel is kept."""
-        t0 = time.perf_counter()
-        intake = self._prepare(image)
-        info = self.run_info()
-        notices = list(intake.notices)
-        x, pad = letterbox(
-            intake.work, self.input_hw or self.spec.input_size(self.size or ""), self.device, self.dtype
-        )
+        t0, intake, info, notices = self._begin(image)
+        x, pad = letterbox(intake.work, self.network_hw, self.device, self.dtype)
         n = self.timed_forward(info, x).normals.float()
         if not bool(torch.isfinite(n).all()):
             notices.append("The normal model returned non-finite values; those pixels are left at zero.")

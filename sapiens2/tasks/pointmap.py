@@ -18,8 +18,8 @@ import torch
 
 from ..imaging import letterbox, unletterbox
 from ..zoo import POINTMAP_CANONICAL_FOCAL
-from .base import Pipeline, TaskResult
-from .seg import LazySeg, SegSource
+from .base import TaskResult
+from .seg import SegMaskedPipeline
 
 
 @dataclass(kw_only=True)
@@ -77,7 +77,7 @@ class PointmapResult(TaskResult):
         return [Path(p) for p in paths]
 
 
-class PointmapPipeline(Pipeline):
+class PointmapPipeline(SegMaskedPipeline):
     """Pointmap: ``PointmapPipeline("0.4b")(photo)`` -> :class:`PointmapResult`.
 
     ``seg``: the segmentation giving the foreground -- a SegPipeline, a zero-argument function
@@ -86,27 +86,11 @@ class PointmapPipeline(Pipeline):
 
     task = "pointmap"
 
-    def __init__(
-        self,
-        size: str | None = None,
-        *,
-        model: torch.nn.Module | None = None,
-        checkpoint: str | Path | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        seg: SegSource = None,
-    ) -> None:
-        super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
-        self.seg = LazySeg(seg, self)
-
     def __call__(self, image: Any, *, use_segmentation: bool = True) -> PointmapResult:
         """Pointmap of one image. ``use_segmentation`` runs the body-part segmentation model for the
         foreground; without it (or when it cannot be loaded, with a notice) the foreground is
         every pixel with a finite, positive depth."""
-        t0 = time.perf_counter()
-        intake = self._prepare(image)
-        info = self.run_info()
-        notices = list(intake.notices)
+        t0, intake, info, notices = self._begin(image)
         in_hw = self.spec.input_size(self.size or "")
         x, pad = letterbox(intake.work, in_hw, self.device, self.dtype)
         out = self.timed_forward(info, x)

@@ -126,9 +126,6 @@ class PosePipeline(Pipeline):
     """
 
     task = "pose"
-    #: network input (H, W); None = the zoo's 1024x768. Any multiple of 16 runs (the backbone's
-    #: RoPE adapts); change it only for models trained at another size, or for quick tests.
-    input_hw: tuple[int, int] | None = None
 
     def __init__(
         self,
@@ -161,12 +158,9 @@ class PosePipeline(Pipeline):
         """
         from ..detect import detect_people
 
-        t0 = time.perf_counter()
         if not isinstance(flip_test, bool):
             raise OptionError(f"flip_test must be True or False; got {flip_test!r}.")
-        intake = self._prepare(image)
-        info = self.run_info()
-        notices = list(intake.notices)
+        t0, intake, info, notices = self._begin(image)
         sx, sy = intake.scale_xy
         work_boxes = None
         if boxes is not None:
@@ -221,7 +215,7 @@ class PosePipeline(Pipeline):
         All crops (and their mirrors) go through the model in one batch; decoding runs on the
         model's device and only the final arrays come back.
         """
-        in_hw = tuple(self.input_hw or self.spec.input_size(self.size or ""))
+        in_hw = self.network_hw
         x, crops = crop_people(work, boxes, device=self.device, dtype=self.dtype, out_hw=in_hw)
         p = x.shape[0]
         if flip_test:

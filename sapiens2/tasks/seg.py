@@ -169,13 +169,9 @@ class SegPipeline(Pipeline):
 
     task = "seg"
 
-    #: Network input (H, W); None = the checkpoint's own (1024x768; 4x that for the 4K backbone).
-    #: Other multiples of 16 run (faster when smaller) but are outside what the model was trained on.
-    input_hw: tuple[int, int] | None = None
-
     def labels(self, intake: Intake, info: RunInfo, notices: list[str]) -> torch.Tensor:
         """(H, W) uint8 labels at the original size, on the model's device."""
-        in_hw = self.input_hw or self.spec.input_size(self.size or "")
+        in_hw = self.network_hw
         x = stretch_to(intake.work, in_hw, self.device, self.dtype)
         logits = self.timed_forward(info, x).logits[0].float()
         if not bool(torch.isfinite(logits).all()):
@@ -189,14 +185,11 @@ class SegPipeline(Pipeline):
         ``boxes`` gives per-person masks (the non-background pixels inside each box; a pixel in
         two boxes belongs to both): (P, 4) x1, y1, x2, y2 in original pixels, a ``Detections``,
         or ``"detect"`` to run the person detector (``sapiens2.detect.detect_people``)."""
-        t0 = time.perf_counter()
         detect = isinstance(boxes, str)
         if detect and boxes != "detect":
             raise OptionError(f"boxes must be None, 'detect', or (P, 4) x1, y1, x2, y2 rows; got {boxes!r}.")
         box_arr = None if boxes is None or detect else _as_boxes(boxes)
-        intake = self._prepare(image)
-        info = self.run_info()
-        notices = list(intake.notices)
+        t0, intake, info, notices = self._begin(image)
         notices += getattr(boxes, "notices", [])  # a Detections passed in says how it was made
         if detect:
             from ..detect import detect_people
@@ -274,3 +267,22 @@ class LazySeg:
             notices.append(f"No person mask: the segmentation model is unavailable ({err}) {fallback}")
             return None
         return pipe.labels(intake, info, notices).to(self._owner.device) != 0
+
+
+class SegMaskedPipeline(Pipeline):
+    """Base of the tasks that borrow the body-part segmentation for their foreground (normal,
+    pointmap). ``seg``: a SegPipeline, a zero-argument function returning one (called on first
+    use), or None to load the seg model of the same size when first needed."""
+
+    def __init__(
+        self,
+        size: str | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        checkpoint: str | Path | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        seg: SegSource = None,
+    ) -> None:
+        super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
+        self.seg = LazySeg(seg, self)
