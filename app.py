@@ -12,10 +12,12 @@ import spaces  # noqa: I001  (import order matters)
 import spaces.config
 
 import argparse
+import base64
 import importlib.util
 import logging
 import os
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,19 +62,43 @@ def photo_input(**kwargs: Any) -> gr.Image:
     """A gr.Image (filepath) whose upload reaches ``sapiens2.imaging`` untouched.
 
     gr.Image would open the file with Pillow first, so a corrupt file or a decompression bomb
-    would fail inside Gradio with a message nobody can act on; here the package reads it. (An
-    instance override, not a subclass: Gradio writes a .pyi stub next to any component subclass.)
+    would fail inside Gradio with a message nobody can act on; here the package reads it. Data
+    URLs (webcam, API callers) become their raw bytes for the same reason: Gradio would decode and
+    re-encode them (4 s and a 90-megapixel WebP in its cache for a 90 MP PNG) before any size check.
+    (An instance override, not a subclass: Gradio writes a .pyi stub next to any component subclass.)
     """
     image = gr.Image(type="filepath", image_mode=None, **kwargs)
     gradio_preprocess = image.preprocess
 
     def preprocess(payload: Any) -> Any:
-        if payload is not None and payload.path and not str(payload.url or "").startswith("data:"):
+        if payload is None:
+            return None
+        url = str(payload.url or "")
+        if url.startswith("data:"):
+            return data_url_bytes(url)
+        if payload.path:
             return str(payload.path)
-        return gradio_preprocess(payload)  # webcam data URLs
+        return gradio_preprocess(payload)
 
     image.preprocess = preprocess  # type: ignore[method-assign]
     return image
+
+
+def data_url_bytes(url: str) -> bytes:
+    """The bytes of a ``data:[<type>][;base64],<data>`` URL (the package then reads them)."""
+    header, sep, data = url.partition(",")
+    try:
+        if not sep:
+            raise ValueError("no comma")
+        if header.endswith(";base64"):
+            return base64.b64decode(data, validate=True)
+        return urllib.parse.unquote_to_bytes(data)
+    except ValueError:  # binascii.Error is a ValueError
+        raise gr.Error(
+            "The pasted image is not a valid data URL (expected data:image/...;base64,...). Upload the file instead.",
+            title="Image problem",
+            print_exception=False,
+        ) from None
 
 
 def checked_by_package(component: Any) -> Any:
@@ -173,7 +199,8 @@ GPU_FUNCTIONS: dict[str, Callable[..., Any]] = {
 
 @contextmanager
 def _reported(manager: serving.ModelManager) -> Iterator[None]:
-    """Package errors -> gr.Error with their message; anything else -> a short gr.Error (logged)."""
+    """Package errors -> gr.Error with their message; anything else -> a short gr.Error (logged).
+    Every request ends here, so this is also where its freed memory goes back to the system."""
     try:
         yield
     except gr.Error as err:
@@ -194,6 +221,8 @@ def _reported(manager: serving.ModelManager) -> Iterator[None]:
             "another photo.",
             print_exception=False,
         ) from None
+    finally:
+        serving.release_memory()
 
 
 def _warn(notices: list[str], prefix: str = "") -> None:
@@ -766,6 +795,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     ap.add_argument("--max-models", type=int, default=None, help="models kept loaded besides preloaded ones")
     ap.add_argument("--preload", action="store_true", help="load each task's default size before serving")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile each model when it loads (local CUDA GPU only; costs start-up time)",
+    )
     ap.add_argument("--concurrency", type=int, default=None, help="requests running models at once")
     return ap.parse_args(argv)
 
@@ -791,6 +825,7 @@ def main(argv: list[str] | None = None) -> None:
         checkpoints=checkpoints,
         max_models=max_models,
         size=args.size,
+        compile=args.compile,
     )
     if ZERO_GPU or args.preload:
         # ZeroGPU packs tensors placed on "cuda" before launch and maps them into every GPU

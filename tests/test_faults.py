@@ -364,3 +364,45 @@ def test_a_result_renamed_to_a_path_still_saves_inside_its_folder(tiny_checkpoin
     paths = result.save(out)
     assert paths and all(p.parent == out for p in paths)
     assert [p for p in tmp_path.rglob("*") if p.is_file() and p.parent != out] == []
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(serving._malloc_trim() is None, reason="glibc only (malloc_trim)")
+def test_release_memory_gives_freed_request_buffers_back() -> None:
+    kept: list[np.ndarray] = []
+
+    def request() -> None:  # like a request on a server thread: many buffers, a few outlive it
+        buffers = [np.ones(8000) for _ in range(2000)]  # 64 kB each: from this thread's malloc arena
+        kept.extend(buffers[::50])
+
+    worker = threading.Thread(target=request)
+    worker.start()
+    worker.join()
+    before = _rss_mb()
+    serving.release_memory()
+    assert before - _rss_mb() > 50  # ~120 MB of freed pages go back; without the trim they stay
+    assert len(kept) == 40
+
+
+def test_every_app_request_releases_memory_even_when_it_fails(
+    tiny_checkpoints, app_module, tmp_path, monkeypatch
+):
+    calls: list[int] = []
+    monkeypatch.setattr(serving, "release_memory", lambda: calls.append(1))
+    manager = serving.ModelManager(
+        device="cpu", checkpoints={"seg": tiny_checkpoints["seg"]}, factory=quick_factory
+    )
+    run = runner(app_module, manager, tmp_path)
+    run("seg", photo(), None)
+    with pytest.raises(app_module.gr.Error, match="No photo given"):
+        run("seg", None, None)
+    assert len(calls) == 2

@@ -620,3 +620,44 @@ def test_app_upload_names_never_become_paths(client, tmp_path: Path) -> None:
     assert folder.parent == client.requests_root and folder.name.startswith("req-")
     for p in files:
         assert re.fullmatch(r"[A-Za-z0-9_-]+_seg(_color|_labels)?\.(png|npy)", p.name), p.name
+
+
+def call_rest(base_url: str, api: str, data: list) -> tuple[str, Any]:
+    """One call through Gradio's REST API (what curl users do): returns (event, data)."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{base_url}gradio_api/call/{api}",
+        data=json.dumps({"data": data}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    event_id = json.loads(urllib.request.urlopen(req, timeout=30).read())["event_id"]
+    text = urllib.request.urlopen(f"{base_url}gradio_api/call/{api}/{event_id}", timeout=120).read().decode()
+    event = re.search(r"^event: (\w+)", text, re.M).group(1)
+    return event, json.loads(re.search(r"^data: (.*)$", text, re.M).group(1))
+
+
+def data_url(data: bytes) -> dict:
+    import base64
+
+    return {
+        "url": "data:image/png;base64," + base64.b64encode(data).decode(),
+        "meta": {"_type": "gradio.FileData"},
+    }
+
+
+def test_app_data_urls_are_read_by_the_package_not_decoded_by_gradio(client) -> None:
+    # Gradio would decode a data URL and re-encode it as WebP (4 s for this 90 MP PNG) before any check.
+    bomb = encode(Image.new("1", (10000, 9000)), "PNG")  # 90 megapixels in 11 kB
+    t0 = time.perf_counter()
+    event, data = call_rest(client.src, "seg", [data_url(bomb), "0.4b", 0.5, []])
+    assert event == "error" and re.search(r"10000x9000 px .* above the limit", data["error"])
+    assert time.perf_counter() - t0 < 3.0
+    event, data = call_rest(
+        client.src, "seg", [{**data_url(b""), "url": "data:image/png;base64,@@"}, "0.4b", 0.5, []]
+    )
+    assert event == "error" and "not a valid data URL" in data["error"]
+    event, data = call_rest(
+        client.src, "seg", [data_url(encode(Image.fromarray(person_like()), "PNG")), "0.4b", 0.5, []]
+    )
+    assert event == "complete" and data[-1].startswith("seg ")

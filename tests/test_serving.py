@@ -326,3 +326,13 @@ def test_present_names_a_bad_background_image(tmp_path) -> None:
     bad.write_bytes(b"")
     with pytest.raises(InputImageError, match=r"^Background image: .*empty"):
         serving.present(_matting_result(), tmp_path, background_image=str(bad))
+
+
+def test_compile_switch_on_cpu_loads_eager_and_says_why(tiny_checkpoints) -> None:
+    """--compile is safe everywhere: off CUDA the model stays eager and the report says why."""
+    manager = ModelManager(device="cpu", checkpoints={"matting": tiny_checkpoints["matting"]}, compile=True)
+    pipe = manager.get("matting")
+    [(key, report)] = manager.compile_reports.items()
+    assert key[0] == "matting"
+    assert not report.applied and "CUDA" in report.reason
+    assert pipe.model._compiled_call_impl is None  # still the eager forward
