@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import InputImageError, OptionError
 from .metadata import BODY25_PAIRS, COCO17_INDEX, COCO17_NAMES, KEYPOINT_NAMES, NUM_KEYPOINTS
-from .render import finite_f32, to_uint8
+from .render import matte_arrays, to_uint8
 
 GLB_MAX_POINTS = 300_000  # a browser viewer stays responsive below this; the PLY keeps every point
 _STEM_MAX = 80
@@ -132,14 +132,7 @@ def rgba_cutout(foreground: Any, alpha: Any) -> np.ndarray:
 
     Colour = fg / alpha where alpha >= 1/255 (else 0), clipped; NaN/inf count as 0.
     """
-    fg = finite_f32(foreground)
-    a = finite_f32(alpha)
-    if a.ndim == 3 and a.shape[2] == 1:
-        a = a[:, :, 0]
-    if fg.ndim != 3 or fg.shape[2] != 3 or a.shape != fg.shape[:2]:
-        raise InputImageError(
-            f"Expected foreground (H, W, 3) and alpha (H, W), got {fg.shape} and {a.shape}."
-        )
+    fg, a = matte_arrays(foreground, alpha)
     a = np.clip(a, 0.0, 1.0)
     # 255 / alpha where visible, else 0: one multiply un-premultiplies and scales to 0..255
     gain = np.divide(np.float32(255.0), a, out=np.zeros_like(a), where=a >= 1.0 / 255.0)

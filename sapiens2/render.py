@@ -395,13 +395,8 @@ def cover_resize(image: Any, hw: tuple[int, int]) -> np.ndarray:
     return cv2.resize(np.ascontiguousarray(crop), (w, h), interpolation=interp)
 
 
-def composite(foreground: Any, alpha: Any, background: Any = None) -> np.ndarray:
-    """clamp(fg + (1 - alpha) * bg) as uint8 RGB; fg is premultiplied RGB in [0, 1].
-
-    background: None (chroma green (0, 177, 64)), an (r, g, b) tuple or '#rrggbb', or an image
-    (numpy (H', W'), (H', W', 3|4) or PIL, any size: resized to cover, centre-cropped).
-    NaN/inf in fg count as 0 and in alpha as 0 (background shows).
-    """
+def matte_arrays(foreground: Any, alpha: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Checked float32 (H, W, 3) foreground and (H, W) alpha with NaN/inf as 0."""
     fg = finite_f32(foreground)
     a = finite_f32(alpha)
     if a.ndim == 3 and a.shape[2] == 1:
@@ -410,6 +405,17 @@ def composite(foreground: Any, alpha: Any, background: Any = None) -> np.ndarray
         raise InputImageError(
             f"Expected foreground (H, W, 3) and alpha (H, W), got {fg.shape} and {a.shape}."
         )
+    return fg, a
+
+
+def composite(foreground: Any, alpha: Any, background: Any = None) -> np.ndarray:
+    """clamp(fg + (1 - alpha) * bg) as uint8 RGB; fg is premultiplied RGB in [0, 1].
+
+    background: None (chroma green (0, 177, 64)), an (r, g, b) tuple or '#rrggbb', or an image
+    (numpy (H', W'), (H', W', 3|4) or PIL, any size: resized to cover, centre-cropped).
+    NaN/inf in fg count as 0 and in alpha as 0 (background shows).
+    """
+    fg, a = matte_arrays(foreground, alpha)
     colour = None
     if (
         background is None
