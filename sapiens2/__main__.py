@@ -8,7 +8,6 @@ export files as ``result.save``. A bad file is reported and skipped; the batch g
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -98,7 +97,9 @@ def find_images(inputs: Iterable[str]) -> tuple[list[Path], list[str]]:
 
 def unique_folder(stem: str, taken: set[str]) -> str:
     """A folder name for one image's outputs: its sanitised stem, suffixed -2, -3 ... when taken."""
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "image"
+    from .export import safe_stem  # the same rule as the exported file names
+
+    base = safe_stem(stem)
     name, k = base, 2
     while name.lower() in taken:
         name, k = f"{base}-{k}", k + 1

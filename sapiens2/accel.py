@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .tasks.base import model_device_dtype
 from .zoo import INPUT_SIZE
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -105,11 +106,6 @@ class CompileReport:
         if self.applied:
             return f"{self.method}: on, startup {self.seconds:.1f} s"
         return f"{self.method}: off ({self.reason})"
-
-
-def model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
-    p = next(model.parameters())
-    return p.device, p.dtype
 
 
 def example_input(model: nn.Module, batch: int = 1, hw: tuple[int, int] = INPUT_SIZE) -> torch.Tensor:

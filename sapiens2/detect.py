@@ -117,7 +117,9 @@ def resize_shape(
     if short == target:
         return height, width
     other = int((exact if exact is not None else target) * long / short)
-    return (int(target), other) if height <= width else (other, int(target))
+    target = max(1, int(target))  # very elongated images (2 x 10000) would round to 0 px
+    other = max(1, other)
+    return (target, other) if height <= width else (other, target)
 
 
 def preprocess(
@@ -359,16 +361,31 @@ class PersonDetector:
 _AUTO_LOCK = threading.Lock()
 _AUTO: dict[str, PersonDetector] = {}  # one loaded detector per device, shared by all callers
 
+
+def _reset_auto_lock() -> None:
+    # A fork (ZeroGPU's GPU worker) taken while another thread held the lock during a load
+    # would leave the child's copy locked forever: give the child a fresh one.
+    global _AUTO_LOCK
+    _AUTO_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_auto_lock)
+
 DetectorArg = Literal["auto"] | PersonDetector | Callable[[np.ndarray], Any] | None
 
 
-def _auto_detector() -> PersonDetector:
-    """The process-wide default detector; a failed load raises and is retried on the next call."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+def _auto_detector(device: torch.device | str | None = None) -> PersonDetector:
+    """The shared default detector on ``device`` (None: CUDA if available, else CPU), one per
+    device; a failed load raises and is retried on the next call."""
+    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", 0)  # "cuda" (the manager) and "cuda:0" (a model's) share one
+    key = str(dev)
     with _AUTO_LOCK:  # held while loading so that concurrent first calls load once
-        if device not in _AUTO:
-            _AUTO[device] = PersonDetector.load(device=device)
-        return _AUTO[device]
+        if key not in _AUTO:
+            _AUTO[key] = PersonDetector.load(device=dev)
+        return _AUTO[key]
 
 
 def _from_callable(
@@ -410,12 +427,14 @@ def detect_people(
     score_threshold: float = 0.3,
     iou_threshold: float = 0.3,
     max_people: int = 20,
+    device: torch.device | str | None = None,
 ) -> Detections:
     """Person boxes for top-down pose, always at least one.
 
     - ``boxes`` given (N, 4 pixels xyxy): used as given, clipped to the image; no detector runs.
-    - ``detector="auto"``: the shared DETR (loaded once per process); if its weights are not
-      available here, the whole image is one box and a notice says how to get them.
+    - ``detector="auto"``: the shared DETR (loaded once per process and ``device``; None: CUDA
+      if available, else CPU); if its weights are not available here, the whole image is one
+      box and a notice says how to get them.
     - ``detector=None``: the whole image is one box.
     - a :class:`PersonDetector` or any callable ``f(image) -> boxes | (boxes, scores) | Detections``.
     Boxes scoring ``<= score_threshold`` are dropped, overlaps above ``iou_threshold`` suppressed,
@@ -450,7 +469,7 @@ def detect_people(
                 f"detector must be 'auto', None, a PersonDetector or a callable; got {detector!r}."
             )
         try:
-            detector = _auto_detector()
+            detector = _auto_detector(device)
         except WeightsUnavailableError:
             spec = zoo.DETECTOR
             return _whole_image(

@@ -35,10 +35,18 @@ COCO17_SKELETON = [
 
 
 def safe_stem(name: Any, default: str = "image") -> str:
-    """A file-name stem made only of [A-Za-z0-9_-] (other runs -> '_'), at most 80 chars."""
-    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(str(name)).stem if name is not None else "")
+    """A file-name stem made only of [A-Za-z0-9_-] (other runs, dots included, -> '_'), at most
+    80 chars. The package's one sanitiser: it never drops an "extension", so "a.v1" and "a.v2"
+    stay apart; callers holding a file name strip its extension first (see :func:`file_stem`)."""
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", str(name) if name is not None else "")
     stem = stem.strip("_-")[:_STEM_MAX].strip("_-")
     return stem or default
+
+
+def file_stem(filename: Any, default: str = "image") -> str:
+    """safe_stem of a file name without its directory and last extension ("a.v1.jpg" -> "a_v1")."""
+    text = str(filename).replace("\\", "/") if filename else ""
+    return safe_stem(Path(text).stem, default)
 
 
 def safe_path(out_dir: str | Path, name: Any, suffix: str) -> Path:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .errors import InputImageError
+from .errors import InputImageError, OptionError
 from .zoo import IMAGE_MEAN, IMAGE_STD, INPUT_SIZE
 
 #: Longest side (px) of the copy used for inference; larger images are downscaled for inference
@@ -70,10 +70,6 @@ class Intake:
         return int(self.rgb.shape[0]), int(self.rgb.shape[1])
 
     @property
-    def work_hw(self) -> tuple[int, int]:
-        return int(self.work.shape[0]), int(self.work.shape[1])
-
-    @property
     def scale_xy(self) -> tuple[float, float]:
         """Exact per-axis factors work / original (sizes are rounded, so x and y differ a bit)."""
         return self.work.shape[1] / self.rgb.shape[1], self.work.shape[0] / self.rgb.shape[0]
@@ -90,9 +86,17 @@ class Intake:
         sx, sy = self.scale_xy
         return (np.asarray(boxes, dtype=np.float64) / [sx, sy, sx, sy]).astype(np.float32)
 
-    def boxes_to_work(self, boxes: np.ndarray) -> np.ndarray:
+    def boxes_to_work(self, boxes: object) -> np.ndarray:
+        """xyxy boxes in original pixels -> working-copy pixels. Anything not shaped (..., 4) is
+        returned unscaled, so the caller's shape check can name the shape it got."""
+        try:
+            arr = np.asarray(boxes, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise OptionError("boxes must be numbers shaped (P, 4) as x1, y1, x2, y2 in pixels.") from None
+        if arr.size == 0 or arr.ndim == 0 or arr.shape[-1] != 4:
+            return arr
         sx, sy = self.scale_xy
-        return (np.asarray(boxes, dtype=np.float64) * [sx, sy, sx, sy]).astype(np.float32)
+        return (arr * [sx, sy, sx, sy]).astype(np.float32)
 
 
 def load_image(src: ImageSource | Intake, *, max_side: int = DEFAULT_MAX_SIDE) -> Intake:
@@ -116,8 +120,6 @@ def load_image(src: ImageSource | Intake, *, max_side: int = DEFAULT_MAX_SIDE) -
     if isinstance(src, Intake):
         return src
     if not isinstance(max_side, int) or max_side < 16:
-        from .errors import OptionError
-
         raise OptionError(f"max_side must be an integer >= 16 (got {max_side!r}).")
     notices: list[str] = []
     name = "image"
@@ -146,10 +148,10 @@ def load_image(src: ImageSource | Intake, *, max_side: int = DEFAULT_MAX_SIDE) -
 
 
 def _safe_stem(filename: str | Path) -> str:
-    """A file stem that is safe as part of an export name: never a path, never empty."""
-    stem = Path(str(filename).replace("\\", "/")).stem if filename else ""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:64]
-    return stem or "image"
+    """The export stem of a file name: one rule for the whole package (export.file_stem)."""
+    from .export import file_stem  # local: export pulls in render, which intake does not need
+
+    return file_stem(filename)
 
 
 def _read_bytes(src: object) -> tuple[bytes, str]:
@@ -641,8 +643,6 @@ def crop_people(
             )
         return normalize(torch.from_numpy(crops).to(dev).permute(0, 3, 1, 2), dtype), info
     if backend != "torch":
-        from .errors import OptionError
-
         raise OptionError(f"Unknown crop backend {backend!r}; choose one of: auto, cv2, torch.")
     return normalize(_grid_crops(img, info, dev, enlarge), dtype), info
 
@@ -676,16 +676,6 @@ def _grid_crops(img: np.ndarray, info: CropInfo, dev: torch.device, enlarge: np.
     return out.clamp_(0, 255)  # bicubic overshoots; the release's uint8 warp saturates
 
 
-def scale_boxes(boxes: np.ndarray, sx: float, sy: float) -> np.ndarray:
-    """Multiply xyxy boxes by per-axis factors (used to move boxes between image sizes)."""
-    return (np.asarray(boxes, dtype=np.float64).reshape(-1, 4) * [sx, sy, sx, sy]).astype(np.float32)
-
-
-def letterbox_size(source_hw: tuple[int, int], hw: tuple[int, int] = INPUT_SIZE) -> tuple[int, int]:
-    """The resized size inside a letterbox (see :func:`pad_info`)."""
-    return pad_info(source_hw, hw).inner_hw
-
-
 __all__ = [
     "DEFAULT_MAX_SIDE",
     "CropInfo",
@@ -698,12 +688,10 @@ __all__ = [
     "invert_affine",
     "inverse_warp_matrix",
     "letterbox",
-    "letterbox_size",
     "load_image",
     "normalize",
     "pad_info",
     "resize_to",
-    "scale_boxes",
     "stretch_to",
     "to_device",
     "unletterbox",

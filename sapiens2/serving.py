@@ -23,7 +23,6 @@ import gc
 import logging
 import math
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputImageError, OptionError, Sapiens2Error
-from .zoo import TASKS, TaskSpec, get_task
+from .zoo import TASKS, get_task
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +226,10 @@ class ModelManager:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:  # one loader per key; others wait here and then find it cached
             with self._guard:
-                if key in self._cache:
+                if key in self._cache:  # another thread loaded it meanwhile
                     self._cache.move_to_end(key)
+                    if pin:
+                        self._pinned.add(key)
                     return self._cache[key]
             try:
                 pipe = self._build(*key)
@@ -254,7 +255,7 @@ class ModelManager:
         task = task_name(task)
         self.get(task, size)
         if task == "pose":
-            _warm_detector()
+            _warm_detector(self.device)
         if _needs_seg(task, infer_opts):
             try:
                 self.get("seg", self._seg_size(size))
@@ -269,25 +270,31 @@ class ModelManager:
             try:
                 self.get(task, None, pin=pin)
                 if task_name(task) == "pose":
-                    _warm_detector()
+                    _warm_detector(self.device)
             except Exception as err:  # report, keep starting
                 failed[task] = f"{type(err).__name__}: {err}"
                 log.warning("preload %s failed: %s", task, failed[task])
         return failed
 
     def trim(self, keep: int = 1) -> list[Key]:
-        """Drop all but the ``keep`` most recently used pipelines (pinned ones too) and free
-        accelerator memory; used after an out-of-memory error. Returns the dropped keys."""
+        """Drop all but the ``keep`` most recently used unpinned pipelines and free accelerator
+        memory; used after an out-of-memory error. Pinned (preloaded) models stay: on ZeroGPU
+        they are packed at launch and dropping them here frees no GPU memory. Returns the
+        dropped keys."""
         with self._guard:
-            dropped = list(self._cache)[: max(0, len(self._cache) - max(0, keep))]
+            unpinned = [k for k in self._cache if k not in self._pinned]
+            dropped = unpinned[: max(0, len(unpinned) - max(0, keep))]
             for key in dropped:
                 del self._cache[key]
-                self._pinned.discard(key)
         _free_accelerator_memory()
         return dropped
 
     def clear(self) -> None:
-        self.trim(keep=0)
+        """Drop every pipeline, pinned ones too, and free accelerator memory."""
+        with self._guard:
+            self._cache.clear()
+            self._pinned.clear()
+        _free_accelerator_memory()
 
     def _evict_locked(self) -> list[Key]:
         unpinned = [k for k in self._cache if k not in self._pinned]
@@ -325,13 +332,13 @@ class ModelManager:
         return pipe
 
 
-def _warm_detector() -> None:
-    """Load the process-wide person detector now (outside any GPU function). Without its weights
-    pose falls back to the whole image with a notice, and retries the load on later requests."""
+def _warm_detector(device: str | None = None) -> None:
+    """Load the shared person detector for ``device`` now (outside any GPU function). Without its
+    weights pose falls back to the whole image with a notice, and retries the load on later requests."""
     from . import detect
 
     try:
-        detect._auto_detector()
+        detect._auto_detector(device)
     except Sapiens2Error as err:
         log.info("person detector not loaded: %s", err)
 
@@ -383,9 +390,6 @@ OPTIONS: dict[str, dict[str, Option]] = {
     "pretrain": {},
 }
 
-_HEX = re.compile(r"^#?([0-9a-fA-F]{6})$")
-_RGBA_CSS = re.compile(r"^rgba?\(\s*([\d.]+)\s*,\s*([\d.]+)\s*,\s*([\d.]+)\s*(?:,\s*[\d.]+\s*)?\)$")
-
 
 def _check(task: str, name: str, opt: Option, value: Any) -> Any:
     where = f"{task} option {name!r}"
@@ -428,26 +432,14 @@ def _check(task: str, name: str, opt: Option, value: Any) -> Any:
 
 
 def parse_color(value: Any, where: str = "colour") -> tuple[int, int, int]:
-    """``'#rrggbb'``, ``'rgb(r, g, b)'`` / ``'rgba(...)'`` or an (r, g, b) triple -> ints 0-255."""
-    if isinstance(value, str):
-        s = value.strip()
-        if m := _HEX.match(s):
-            h = m.group(1)
-            return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
-        if m := _RGBA_CSS.match(s):
-            rgb = [float(v) for v in m.groups()]
-            if all(0 <= v <= 255 for v in rgb):
-                return tuple(int(round(v)) for v in rgb)  # type: ignore[return-value]
-    elif isinstance(value, (list, tuple)) and len(value) == 3:
-        try:
-            rgb = [int(v) for v in value]
-        except (TypeError, ValueError):
-            rgb = [-1]
-        if all(0 <= v <= 255 for v in rgb):
-            return tuple(rgb)  # type: ignore[return-value]
-    raise OptionError(
-        f"The {where} must be '#rrggbb', 'rgb(r, g, b)' or three integers 0-255; got {value!r}."
-    )
+    """A colour option -> (r, g, b) ints 0-255, with the forms :func:`sapiens2.render.parse_color`
+    takes ('#rgb', '#rrggbb[aa]', 'rgb(...)'/'rgba(...)', a triple); the error names the option."""
+    from .render import parse_color as _parse
+
+    try:
+        return _parse(value)
+    except OptionError as err:
+        raise OptionError(f"The {where}: {err}") from None
 
 
 def split_options(task: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -576,7 +568,8 @@ class Shown:
 
 
 def present(result: Any, out_dir: str | Path, **render_opts: Any) -> Shown:
-    """Render ``result`` with the (validated) options and write its exports into ``out_dir``."""
+    """Render ``result`` with the (validated) options and write its exports into ``out_dir``
+    (the saved rendering is the one shown, so downloads match the screen)."""
     task = result.info.task
     out_dir = Path(out_dir)
     data: dict[str, Any] | None = None
@@ -589,15 +582,15 @@ def present(result: Any, out_dir: str | Path, **render_opts: Any) -> Shown:
             body_only=render_opts.get("body_only", False),
             show_boxes=render_opts.get("show_boxes", True),
         )
-        files = result.save(out_dir, threshold=render_opts.get("threshold", 0.3))
+        files = result.save(out_dir, threshold=render_opts.get("threshold", 0.3), rendered=after)
         data = result.to_dict()
     elif task == "seg":
         after = result.render(opacity=render_opts.get("opacity", 0.5), classes=render_opts.get("classes"))
         extra = result.legend()
-        files = result.save(out_dir)
+        files = result.save(out_dir, rendered=after)
     elif task == "normal":
         after = result.render(background=render_opts.get("background", "black"))
-        files = result.save(out_dir)
+        files = result.save(out_dir, rendered=after)
     elif task == "matting":
         background: Any = render_opts.get("background_image")
         if background is None:
@@ -608,10 +601,10 @@ def present(result: Any, out_dir: str | Path, **render_opts: Any) -> Shown:
             except InputImageError as err:  # say which of the two images is the problem
                 raise InputImageError(f"Background image: {err}") from None
         after = result.render(background=background)
-        files = result.save(out_dir, background=background)
+        files = result.save(out_dir, background=background, rendered=after)
     else:  # pointmap, pretrain
         after = result.render()
-        files = result.save(out_dir)
+        files = result.save(out_dir, rendered=after)
         if task == "pointmap":
             model3d = next((p for p in files if p.suffix == ".glb"), None)
     if data is None:
@@ -659,7 +652,3 @@ class RequestFolders:
             except OSError:
                 continue
         return removed
-
-
-def task_spec(task: str) -> TaskSpec:
-    return get_task(task_name(task))

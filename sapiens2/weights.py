@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from .errors import CheckpointError, WeightsUnavailableError
@@ -131,13 +130,6 @@ def read_header(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
             f"{path} is not a valid safetensors file ({err}). Delete it and download it again "
             "(for the Hub cache: `hf cache delete`, or remove the file)."
         ) from err
-
-
-def read_metadata(path: str | os.PathLike) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file (may be empty)."""
-    read_header(path)
-    with safe_open(str(path), framework="pt") as fh:
-        return dict(fh.metadata() or {})
 
 
 def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

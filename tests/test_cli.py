@@ -127,8 +127,8 @@ def test_find_images_and_unique_folder(tmp_path):
     assert [f.name for f in files] == ["a.jpg", "B.PNG"]  # recursive, deduplicated
     assert missing == ["nowhere"]
     taken: set[str] = set()
-    assert [unique_folder(s, taken) for s in ["x", "X", "x", "../evil name", ""]] == [
-        "x", "X-2", "x-3", "evil_name", "image",
+    assert [unique_folder(s, taken) for s in ["x", "X", "x", "../evil name", "", "a.v1", "a.v2"]] == [
+        "x", "X-2", "x-3", "evil_name", "image", "a_v1", "a_v2",
     ]  # fmt: skip
 
 

@@ -185,6 +185,16 @@ def test_seg_known_output_shares_and_person_masks(tmp_path):
     assert not np.array_equal(only_bg[:, :30], img[:, :30])
 
 
+def test_save_writes_the_given_rendering_instead_of_a_default_one(tmp_path):
+    res = small(SegPipeline(model=Fake(halves_seg)))(photo(40, 60))
+    custom = res.render(opacity=1.0, classes=[5])  # what a viewer with its own options shows
+    assert not np.array_equal(custom, res.render())
+    res.save(tmp_path / "custom", rendered=custom)
+    assert np.array_equal(read_png(tmp_path / "custom" / "image_seg.png"), custom)
+    res.save(tmp_path / "default")
+    assert np.array_equal(read_png(tmp_path / "default" / "image_seg.png"), res.render())
+
+
 def test_seg_bad_options_are_explained():
     pipe = small(SegPipeline(model=Fake(halves_seg)))
     with pytest.raises(OptionError, match=r"shape \(P, 4\)"):
@@ -236,6 +246,22 @@ def test_normal_known_output_and_background_from_seg():
     assert (out[:, :30] == 0).all()  # background black
     assert (out[:, 30:] == [128, 128, 0]).all()  # (n + 1) / 2 * 255 for n = (0, 0, -1)
     assert np.array_equal(res.render(background="photo")[:, :30], img[:, :30])
+
+
+def test_seg_factory_is_asked_on_every_use_and_never_kept():
+    """The server's model manager owns a factory's pipeline: after it evicts the model, the next
+    use must get the new one, not a private copy kept alive here."""
+    first, second = small(SegPipeline(model=Fake(halves_seg))), small(SegPipeline(model=Fake(halves_seg)))
+    handed = iter([first, second])
+    pipe = small(NormalPipeline(model=Fake(lambda x: NormalOutput(normals=torch.ones(1, 3, *x.shape[2:])))))
+    pipe.seg = seg_module.LazySeg(lambda: next(handed), pipe)
+    assert pipe.seg.get() is first
+    assert pipe.seg.get() is second
+    assert pipe.seg._pipe is None  # nothing memoised from the factory
+    given = SegPipeline(model=Fake(halves_seg))
+    assert seg_module.LazySeg(given, pipe).get() is given
+    with pytest.raises(OptionError, match="seg factory must return a SegPipeline; got str"):
+        seg_module.LazySeg(lambda: "seg", pipe).get()
 
 
 def test_normal_seg_unavailable_keeps_pixels_and_retries():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -381,6 +383,59 @@ def test_auto_detector_loads_once_across_threads(monkeypatch: pytest.MonkeyPatch
     for t in threads:
         t.join()
     assert len(calls) == 1 and got == [sentinel] * 4
+
+
+def test_auto_detector_is_cached_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded: list[torch.device] = []
+
+    def fake_load(*, device):
+        loaded.append(device)
+        return object()
+
+    monkeypatch.setattr(detect, "_AUTO", {})
+    monkeypatch.setattr(PersonDetector, "load", staticmethod(fake_load))
+    cpu = detect._auto_detector("cpu")
+    assert detect._auto_detector(torch.device("cpu")) is cpu
+    meta = detect._auto_detector("meta")
+    assert meta is not cpu
+    # "cuda" (the serving manager's device) and "cuda:0" (a loaded model's) share one detector
+    assert detect._auto_detector("cuda") is detect._auto_detector(torch.device("cuda", 0))
+    assert sorted(detect._AUTO) == ["cpu", "cuda:0", "meta"]
+    assert [str(d) for d in loaded] == ["cpu", "meta", "cuda:0"]
+
+
+def test_auto_detector_on_a_device_without_weights_falls_back(offline_hub) -> None:
+    found = detect_people(_image(), detector="auto", device="cpu")
+    assert found.source == "whole_image" and "facebook/detr-resnet-50" in found.notices[0]
+    assert detect._AUTO == {}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_a_fresh_detector_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ZeroGPU forks its GPU worker, possibly while a request thread is loading the detector.
+    sentinel = object()
+    monkeypatch.setattr(detect, "_AUTO", {"cpu": sentinel})
+    with detect._AUTO_LOCK:  # as if another thread were loading at fork time
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if detect._auto_detector("cpu") is sentinel else 1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child deadlocked on the detector's lock")
+
+
+def test_very_elongated_images_are_detected_without_error(tiny_det: PersonDetector) -> None:
+    assert resize_shape(2, 10000) == (1, 1333) and resize_shape(10000, 2) == (1333, 1)
+    for h, w in [(2, 10000), (10000, 2)]:
+        found = tiny_det(np.full((h, w, 3), 128, np.uint8), score_threshold=0.0)
+        assert len(found) >= 1 and found.boxes[:, 2].max() <= w and found.boxes[:, 3].max() <= h
 
 
 def test_injected_detector_may_return_detections_or_plain_boxes() -> None:

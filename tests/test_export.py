@@ -52,8 +52,16 @@ def test_sanitised_names_cannot_escape_out_dir(tmp_path: Path, name: object) -> 
 
 
 def test_safe_stem_keeps_readable_names_and_rejects_bad_suffixes(tmp_path: Path) -> None:
-    assert export.safe_stem("My photo.final.JPG") == "My_photo_final"
+    # one rule: dots become '_' and nothing is taken for an extension
+    assert export.safe_stem("My photo.final.JPG") == "My_photo_final_JPG"
+    assert export.safe_stem("my.photo.v2") == "my_photo_v2"
     assert export.safe_stem("../..") == "image"
+    assert export.file_stem("a.v1.jpg") != export.file_stem("a.v2.jpg")
+    assert (export.file_stem("a.v1.jpg"), export.file_stem("a.v2.jpg")) == ("a_v1", "a_v2")
+    assert export.file_stem("../../etc/x.png") == "x"
+    assert export.file_stem("C:\\dir\\my.photo.v2.jpg") == "my_photo_v2"
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", export.safe_stem("../../etc/x.png"))
+    assert export.safe_stem("a" * 200) == "a" * 80
     for suffix in ["/../x.png", "..png", "a/b"]:
         with pytest.raises(OptionError, match="suffix"):
             export.safe_path(tmp_path, "x", suffix)

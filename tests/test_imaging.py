@@ -193,6 +193,11 @@ def test_safe_name_from_path(tmp_path: Path) -> None:
     assert load_image(path.read_bytes()).name == "image"
     with open(path, "rb") as f:
         assert load_image(f).name == "my_photo_1"
+    # the same rule as the export names: dotted names stay distinct, paths never leak in
+    for raw, stem in [("a.v1.jpg", "a_v1"), ("a.v2.jpg", "a_v2"), ("my.photo.v2.jpg", "my_photo_v2")]:
+        (tmp_path / raw).write_bytes(path.read_bytes())
+        assert load_image(tmp_path / raw).name == stem
+    assert load_image(Image.open(path)).name == "my_photo_1"
 
 
 # ------------------------------------------------------------------ downscaling

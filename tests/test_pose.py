@@ -277,6 +277,8 @@ def test_bad_options_are_refused() -> None:
         pipe(np.zeros((8, 8, 3), np.uint8), flip_test="yes")  # type: ignore[arg-type]
     with pytest.raises(OptionError, match=r"boxes must be numbers shaped \(P, 4\)"):
         pipe(np.zeros((8, 8, 3), np.uint8), boxes=[["a", "b", "c", "d"]])
+    with pytest.raises(OptionError, match=r"boxes must be shaped \(N, 4\).*got shape \(1, 3\)"):
+        pipe(np.zeros((8, 8, 3), np.uint8), boxes=[[1.0, 2.0, 3.0]])
     assert (
         pipeline_class("pose") is PosePipeline and pipeline_class("features").__name__ == "FeaturesPipeline"
     )
@@ -340,6 +342,10 @@ def test_tiny_checkpoint_end_to_end(tiny_pose: Path, tmp_path: Path) -> None:
     png = np.asarray(Image.open(tmp_path / "out" / "three_people_pose.png"))
     assert png.shape == (240, 320, 3)
     assert res.to_dict()["detection"] == {"source": "detector", "num_found": 3}
+    # a rendering made with the viewer's options is written as it is, not re-rendered
+    res.save(tmp_path / "custom", rendered=shown)
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "custom" / "three_people_pose.png")), shown)
+    assert not np.array_equal(png, shown)  # the default rendering (no boxes) differs
 
 
 def test_tiny_checkpoint_flip_test_is_one_batch_of_six(tiny_pose: Path) -> None:

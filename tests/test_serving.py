@@ -137,6 +137,46 @@ def test_trim_keeps_the_most_recent_and_clear_drops_all() -> None:
     assert manager.loaded() == []
 
 
+def test_trim_keeps_pinned_models_and_clear_drops_them() -> None:
+    # On ZeroGPU the preloaded (pinned) models are packed at launch; an OOM trim must keep them.
+    manager = ModelManager(device="cpu", factory=CountingFactory())
+    assert manager.preload(["pose", "matting"]) == {}
+    for size in ("0.4b", "0.8b", "1b"):
+        manager.get("seg", size)
+    dropped = manager.trim()
+    assert dropped == [("seg", "0.4b"), ("seg", "0.8b")]
+    assert manager.loaded() == [("pose", "0.4b"), ("matting", "1b"), ("seg", "1b")]
+    assert manager.trim(keep=0) == [("seg", "1b")]
+    assert manager.loaded() == [("pose", "0.4b"), ("matting", "1b")]
+    manager.clear()
+    assert manager.loaded() == [] and manager._pinned == set()
+
+
+def test_a_pinning_request_that_waited_for_another_threads_load_pins_it() -> None:
+    factory = CountingFactory(delay=0.4)
+    manager = ModelManager(device="cpu", factory=factory)
+    plain = threading.Thread(target=lambda: manager.get("seg", "0.4b"))
+    plain.start()
+    deadline = time.monotonic() + 5
+    while not factory.calls and time.monotonic() < deadline:  # the plain load is under way
+        time.sleep(0.01)
+    manager.get("seg", "0.4b", pin=True)  # waits on the per-key lock, then finds it cached
+    plain.join(10)
+    assert factory.calls == [("seg", "0.4b")]
+    assert manager.trim(keep=0) == [] and manager.loaded() == [("seg", "0.4b")]
+
+
+def test_pose_requests_warm_the_detector_on_the_managers_device(monkeypatch) -> None:
+    from sapiens2 import detect
+
+    devices: list[object] = []
+    monkeypatch.setattr(detect, "_auto_detector", lambda device=None: devices.append(device))
+    manager = ModelManager(device="cpu", factory=CountingFactory())
+    manager.prepare("pose")
+    manager.preload(["pose"])
+    assert devices == ["cpu", "cpu"]
+
+
 def test_normal_and_pointmap_borrow_the_managers_seg_model(tiny_checkpoints) -> None:
     manager = ModelManager(device="cpu", checkpoints=tiny_checkpoints)
     manager.prepare("normal", None, remove_background=True)
@@ -224,6 +264,13 @@ def test_options_split_into_inference_and_rendering_with_defaults() -> None:
     _, mat = serving.split_options("matting", {"background_color": "rgba(255, 0, 10, 1)"})
     assert mat["background_color"] == (255, 0, 10)
     assert serving.parse_color("#00B140") == (0, 177, 64)
+
+
+def test_colour_options_take_the_renderers_forms_and_name_the_option() -> None:
+    for value, rgb in [("#fff", (255, 255, 255)), ("#00b140ff", (0, 177, 64)), ("rgb(1, 2, 3)", (1, 2, 3))]:
+        assert serving.split_options("matting", {"background_color": value})[1]["background_color"] == rgb
+    with pytest.raises(OptionError, match=r"^The matting option 'background_color': Colour 'sky' is not"):
+        serving.split_options("matting", {"background_color": "sky"})
 
 
 def test_checkpoint_specs_from_cli_and_env(monkeypatch, tmp_path) -> None:
@@ -319,6 +366,20 @@ def test_present_matting_over_a_background_image_of_another_size(tmp_path) -> No
     assert tuple(shown.after[0, 0]) == (0, 0, 255) and tuple(shown.after[20, 15]) == (255, 0, 0)
     assert {p.name for p in shown.files} >= {"photo_cutout.png", "photo_alpha.png", "photo_composite.png"}
     assert all(p.parent == tmp_path / "out" for p in shown.files)
+
+
+def test_present_saves_the_rendering_it_shows_without_rendering_twice(tmp_path) -> None:
+    from PIL import Image
+
+    result = _matting_result()
+    calls: list[dict] = []
+    render = result.render
+    result.render = lambda **kw: calls.append(kw) or render(**kw)  # type: ignore[method-assign]
+    _, render_opts = serving.split_options("matting", {"background_color": "#fff"})
+    shown = serving.present(result, tmp_path, **render_opts)
+    saved = np.asarray(Image.open(tmp_path / "photo_composite.png").convert("RGB"))
+    assert len(calls) == 1 and np.array_equal(saved, shown.after)
+    assert tuple(saved[0, 0]) == (255, 255, 255)
 
 
 def test_present_names_a_bad_background_image(tmp_path) -> None:

@@ -61,8 +61,9 @@ class TaskResult:
     def render(self, **options: Any) -> np.ndarray:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def save(self, out_dir: str | Path) -> list[Path]:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
+        """Write the exports; ``rendered`` replaces the default rendering PNG."""
+        raise NotImplementedError  # pragma: no cover - overridden
 
     def summary(self) -> dict[str, Any]:
         """A small JSON-friendly description (sizes, counts, notices) for UIs and logs."""

@@ -35,13 +35,18 @@ class FeaturesResult(TaskResult):
         out.update(dim=int(self.embedding.shape[0]), grid=list(self.patch_features.shape[1:]))
         return out
 
-    def save(self, out_dir: str | Path) -> list[Path]:
-        """Writes ``<name>_embedding.npy`` (D,) and ``<name>_features_pca.png``; returns their paths."""
+    def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
+        """Writes ``<name>_embedding.npy`` (D,) and ``<name>_features_pca.png``; returns their paths.
+        ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
+        instead of a fresh default ``render()``."""
         from ..export import safe_path, write_npy, write_png
 
         paths = [
             write_npy(safe_path(out_dir, self.name, "_embedding.npy"), self.embedding),
-            write_png(safe_path(out_dir, self.name, "_features_pca.png"), self.render()),
+            write_png(
+                safe_path(out_dir, self.name, "_features_pca.png"),
+                self.render() if rendered is None else rendered,
+            ),
         ]
         return [Path(p) for p in paths]
 

@@ -39,16 +39,22 @@ class MattingResult(TaskResult):
 
         return rgba_cutout(self.foreground, self.alpha)
 
-    def save(self, out_dir: str | Path, *, background: Any = CHROMA_GREEN) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, *, background: Any = CHROMA_GREEN, rendered: np.ndarray | None = None
+    ) -> list[Path]:
         """Writes ``<name>_cutout.png`` (RGBA), ``<name>_alpha.png`` (grey, alpha x 255) and
-        ``<name>_composite.png`` (over ``background``); returns their paths."""
+        ``<name>_composite.png`` (over ``background``); returns their paths. ``rendered``: a
+        composite already made (e.g. with the viewer's background) to write instead."""
         from ..export import safe_path, write_png
 
         alpha8 = np.clip(self.alpha * 255.0 + 0.5, 0, 255).astype(np.uint8)
         paths = [
             write_png(safe_path(out_dir, self.name, "_cutout.png"), self.cutout()),
             write_png(safe_path(out_dir, self.name, "_alpha.png"), alpha8),
-            write_png(safe_path(out_dir, self.name, "_composite.png"), self.render(background=background)),
+            write_png(
+                safe_path(out_dir, self.name, "_composite.png"),
+                self.render(background=background) if rendered is None else rendered,
+            ),
         ]
         return [Path(p) for p in paths]
 

@@ -46,15 +46,19 @@ class NormalResult(TaskResult):
         bg: Any = self.image if background == "photo" else "black"
         return normals_to_rgb(self.normals, self.mask, bg)
 
-    def save(self, out_dir: str | Path) -> list[Path]:
+    def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
         """Writes ``<name>_normal.npy`` (float16, (H, W, 3)), ``<name>_normal.png`` and, with a
-        mask, ``<name>_normal_mask.png``; returns their paths."""
+        mask, ``<name>_normal_mask.png``; returns their paths.
+        ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
+        instead of a fresh default ``render()``."""
         from ..export import safe_path, write_npy, write_png
 
         finite = np.nan_to_num(self.normals, nan=0.0, posinf=0.0, neginf=0.0)
         paths = [
             write_npy(safe_path(out_dir, self.name, "_normal.npy"), finite, np.float16),
-            write_png(safe_path(out_dir, self.name, "_normal.png"), self.render()),
+            write_png(
+                safe_path(out_dir, self.name, "_normal.png"), self.render() if rendered is None else rendered
+            ),
         ]
         if self.mask is not None:
             paths.append(
@@ -67,7 +71,7 @@ class NormalPipeline(SegMaskedPipeline):
     """Surface normals: ``NormalPipeline("0.4b")(photo)`` -> :class:`NormalResult`.
 
     ``seg``: the segmentation used by ``remove_background=True`` -- a SegPipeline, a zero-argument
-    function returning one (called on first use), or None to load the seg model of the same size
+    function returning one (called on every use, never kept), or None to load the seg model of the same size
     when first needed.
     """
 

@@ -60,17 +60,21 @@ class PointmapResult(TaskResult):
         )
         return out
 
-    def save(self, out_dir: str | Path) -> list[Path]:
+    def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
         """Writes ``<name>_depth.npy`` (H, W), ``<name>_pointmap.npy`` (H, W, 3), ``<name>_depth.png``
         (the render), ``<name>_pointcloud.ply`` (every foreground point, image colours) and
-        ``<name>_pointcloud.glb`` (a subset of at most ``export.GLB_MAX_POINTS``, glTF frame); returns their paths."""
+        ``<name>_pointcloud.glb`` (a subset of at most ``export.GLB_MAX_POINTS``, glTF frame); returns their paths.
+        ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
+        instead of a fresh default ``render()``."""
         from ..export import safe_path, write_glb, write_npy, write_ply, write_png
 
         pts, cols = self.points()
         paths = [
             write_npy(safe_path(out_dir, self.name, "_depth.npy"), self.depth),
             write_npy(safe_path(out_dir, self.name, "_pointmap.npy"), self.pointmap),
-            write_png(safe_path(out_dir, self.name, "_depth.png"), self.render()),
+            write_png(
+                safe_path(out_dir, self.name, "_depth.png"), self.render() if rendered is None else rendered
+            ),
             write_ply(safe_path(out_dir, self.name, "_pointcloud.ply"), pts, cols),
             write_glb(safe_path(out_dir, self.name, "_pointcloud.glb"), pts, cols),  # subsampled for browsers
         ]
@@ -81,7 +85,7 @@ class PointmapPipeline(SegMaskedPipeline):
     """Pointmap: ``PointmapPipeline("0.4b")(photo)`` -> :class:`PointmapResult`.
 
     ``seg``: the segmentation giving the foreground -- a SegPipeline, a zero-argument function
-    returning one (called on first use), or None to load the seg model of the same size.
+    returning one (called on every use, never kept), or None to load the seg model of the same size.
     """
 
     task = "pointmap"

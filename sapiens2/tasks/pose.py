@@ -86,13 +86,18 @@ class PoseResult(TaskResult):
         out.update(people=self.num_people, detection=self.detection_source, flip_test=self.flip_test)
         return out
 
-    def save(self, out_dir: str | Path, *, threshold: float = 0.3) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, *, threshold: float = 0.3, rendered: np.ndarray | None = None
+    ) -> list[Path]:
         """Writes ``<name>_pose.json`` (308 named points), ``<name>_coco17.json``,
         ``<name>_openpose_body25.json`` and ``<name>_pose.png`` (the rendering); returns the paths.
-        ``threshold`` decides which points COCO/OpenPose mark as detected."""
+        ``threshold`` decides which points COCO/OpenPose mark as detected. ``rendered``: an image
+        already rendered (e.g. with the viewer's options) to write as the PNG instead of a fresh
+        ``render(threshold=threshold)``."""
         from ..export import coco17_json, openpose_body25_json, safe_path, write_json, write_png
 
         kp, sc, wh = self.keypoints, self.scores, self._wh()
+        picture = self.render(threshold=threshold) if rendered is None else rendered
         return [
             Path(write_json(safe_path(out_dir, self.name, "_pose.json"), self.to_dict())),
             Path(
@@ -109,7 +114,7 @@ class PoseResult(TaskResult):
                     openpose_body25_json(kp, sc, threshold=threshold),
                 )
             ),
-            Path(write_png(safe_path(out_dir, self.name, "_pose.png"), self.render(threshold=threshold))),
+            Path(write_png(safe_path(out_dir, self.name, "_pose.png"), picture)),
         ]
 
     def _wh(self) -> tuple[int, int]:
@@ -161,24 +166,18 @@ class PosePipeline(Pipeline):
         if not isinstance(flip_test, bool):
             raise OptionError(f"flip_test must be True or False; got {flip_test!r}.")
         t0, intake, info, notices = self._begin(image)
-        sx, sy = intake.scale_xy
         work_boxes = None
         if boxes is not None:
             notices += list(getattr(boxes, "notices", []))
-            boxes = getattr(boxes, "boxes", boxes)  # a Detections works too
-            try:
-                arr = np.asarray(boxes, dtype=np.float64)
-            except (TypeError, ValueError):
-                raise OptionError(
-                    "boxes must be numbers shaped (P, 4) as x1, y1, x2, y2 in pixels."
-                ) from None
-            work_boxes = arr * [sx, sy, sx, sy] if arr.size and arr.shape[-1] == 4 else arr
+            # a Detections works too; detect_people checks the shape and clips to the image
+            work_boxes = intake.boxes_to_work(getattr(boxes, "boxes", boxes))
         found = detect_people(
             intake.work,
             boxes=work_boxes,
             detector=self.detector,
             score_threshold=score_threshold,
             max_people=max_people,
+            device=self.device,
         )
         notices += [n for n in found.notices if n not in notices]
 

@@ -147,9 +147,11 @@ class SegResult(TaskResult):
             out["people"] = int(self.person_masks.shape[0])
         return out
 
-    def save(self, out_dir: str | Path) -> list[Path]:
+    def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
         """Writes ``<name>_seg_labels.png`` (uint8 ids), ``_seg_labels.npy``, ``_seg_color.png``
-        (palette only) and ``_seg.png`` (blended with the photo); returns their paths."""
+        (palette only) and ``_seg.png`` (blended with the photo); returns their paths.
+        ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
+        instead of a fresh default ``render()``."""
         from ..export import safe_path, write_npy, write_png
         from ..render import colorize_labels
 
@@ -157,7 +159,9 @@ class SegResult(TaskResult):
             write_png(safe_path(out_dir, self.name, "_seg_labels.png"), self.labels),
             write_npy(safe_path(out_dir, self.name, "_seg_labels.npy"), self.labels),
             write_png(safe_path(out_dir, self.name, "_seg_color.png"), colorize_labels(self.labels)),
-            write_png(safe_path(out_dir, self.name, "_seg.png"), self.render()),
+            write_png(
+                safe_path(out_dir, self.name, "_seg.png"), self.render() if rendered is None else rendered
+            ),
         ]
         if self.person_masks is not None and len(self.person_masks):
             paths.append(write_npy(safe_path(out_dir, self.name, "_seg_person_masks.npy"), self.person_masks))
@@ -225,9 +229,12 @@ SegSource = SegPipeline | Callable[[], SegPipeline] | None
 
 
 class LazySeg:
-    """A SegPipeline made on first use: given, from a factory, or loaded next to the owner.
+    """The SegPipeline an owner borrows: given, from a factory, or loaded next to the owner.
 
-    A failed load (weights missing, bad file) is not remembered, so a later call can succeed.
+    A factory is called on every use and its result never kept: the factory's owner (e.g. the
+    server's model manager) must stay free to evict or trim that model, and a private copy here
+    would keep it alive. Only a pipeline given directly or built here is kept. A failed load
+    (weights missing, bad file) is not remembered, so a later call can succeed.
     """
 
     def __init__(self, source: SegSource, owner: Pipeline) -> None:
@@ -235,25 +242,22 @@ class LazySeg:
             raise OptionError(
                 f"seg must be a SegPipeline, a function returning one, or None; got {type(source).__name__}."
             )
-        self._source = source
+        self._factory = None if isinstance(source, SegPipeline) else source
         self._owner = owner
         self._pipe: SegPipeline | None = source if isinstance(source, SegPipeline) else None
         self._lock = threading.Lock()  # concurrent first requests load the model once
 
     def get(self) -> SegPipeline:
+        if self._factory is not None:
+            pipe = self._factory()
+            if not isinstance(pipe, SegPipeline):
+                raise OptionError(f"The seg factory must return a SegPipeline; got {type(pipe).__name__}.")
+            return pipe
         with self._lock:
             if self._pipe is None:
-                if self._source is not None:
-                    pipe = self._source()
-                else:
-                    own = self._owner
-                    size = own.size if own.size in get_task("seg").sizes else None
-                    pipe = SegPipeline(size, device=own.device, dtype=own.dtype)
-                if not isinstance(pipe, SegPipeline):
-                    raise OptionError(
-                        f"The seg factory must return a SegPipeline; got {type(pipe).__name__}."
-                    )
-                self._pipe = pipe
+                own = self._owner
+                size = own.size if own.size in get_task("seg").sizes else None
+                self._pipe = SegPipeline(size, device=own.device, dtype=own.dtype)
             return self._pipe
 
     def foreground(
@@ -271,8 +275,8 @@ class LazySeg:
 
 class SegMaskedPipeline(Pipeline):
     """Base of the tasks that borrow the body-part segmentation for their foreground (normal,
-    pointmap). ``seg``: a SegPipeline, a zero-argument function returning one (called on first
-    use), or None to load the seg model of the same size when first needed."""
+    pointmap). ``seg``: a SegPipeline, a zero-argument function returning one (called on every
+    use, result not kept), or None to load the seg model of the same size when first needed."""
 
     def __init__(
         self,
