@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from forking import expect_child_success
 from safetensors.torch import load_file, save_file
 
 from sapiens2 import detect
@@ -419,16 +419,7 @@ def test_a_forked_child_gets_a_fresh_detector_lock(monkeypatch: pytest.MonkeyPat
         pid = os.fork()
         if pid == 0:
             os._exit(0 if detect._auto_detector("cpu") is sentinel else 1)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail("the forked child deadlocked on the detector's lock")
+    expect_child_success(pid, "the detector's lock")
 
 
 def test_very_elongated_images_are_detected_without_error(tiny_det: PersonDetector) -> None:

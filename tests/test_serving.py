@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from forking import expect_child_success
 
 from sapiens2 import serving
 from sapiens2.errors import InputImageError, OptionError, WeightsUnavailableError
@@ -197,16 +198,7 @@ def test_a_forked_worker_can_use_the_cache_even_if_a_lock_was_held_at_fork() -> 
         pid = os.fork()
         if pid == 0:  # child: exit 0 only if the cached pipeline is reachable
             os._exit(0 if manager.get("seg") is pipe else 1)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail("the forked child deadlocked on the model cache's lock")
+    expect_child_success(pid, "the model cache's lock")
 
 
 # ----------------------------------------------------------------------------- sizes and options

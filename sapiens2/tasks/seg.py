@@ -20,7 +20,8 @@ import torch
 
 from ..errors import CheckpointError, OptionError, WeightsUnavailableError
 from ..imaging import Intake, stretch_to
-from ..metadata import NUM_SEG_CLASSES, SEG_CLASS_NAMES, seg_class_ids
+from ..metadata import SEG_CLASS_NAMES, seg_class_ids
+from ..render import blend_segmentation, class_shares, colorize_labels, segmentation_legend
 from ..zoo import get_task
 from .base import Pipeline, RunInfo, TaskResult
 
@@ -126,8 +127,6 @@ class SegResult(TaskResult):
     def render(self, *, opacity: float = 0.5, classes: Iterable[int | str] | None = None) -> np.ndarray:
         """The photo blended with the class colours (release look at opacity 0.5); ``classes``
         keeps only the listed ids or names (others show the plain photo)."""
-        from ..render import blend_segmentation
-
         if not 0.0 <= float(opacity) <= 1.0:
             raise OptionError(f"opacity must be between 0 and 1; got {opacity}.")
         ids = None if classes is None else seg_class_ids(classes)
@@ -135,8 +134,6 @@ class SegResult(TaskResult):
 
     def legend(self) -> np.ndarray:
         """An RGB image listing the classes present (largest share first) with their colours."""
-        from ..render import segmentation_legend
-
         ids = sorted(self.shares, key=lambda k: -self.shares[k])
         return segmentation_legend(ids, self.shares)
 
@@ -153,7 +150,6 @@ class SegResult(TaskResult):
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
         from ..export import safe_path, write_npy, write_png
-        from ..render import colorize_labels
 
         paths = [
             write_png(safe_path(out_dir, self.name, "_seg_labels.png"), self.labels),
@@ -202,13 +198,12 @@ class SegPipeline(Pipeline):
             box_arr = _as_boxes(found.boxes)
             notices += found.notices
         labels = self.labels(intake, info, notices)
-        counts = torch.bincount(labels.flatten(), minlength=NUM_SEG_CLASSES).cpu().numpy()
-        total = float(labels.numel())
-        shares = {int(k): float(counts[k]) / total for k in np.flatnonzero(counts)}
         masks = None
         if box_arr is not None:
             masks = person_masks_from_boxes(labels != 0, box_arr).cpu().numpy()
         labels_np = labels.cpu().numpy()
+        fractions = class_shares(labels_np)
+        shares = {int(k): float(fractions[k]) for k in np.flatnonzero(fractions)}
         info.total_s = time.perf_counter() - t0
         return SegResult(
             image=intake.rgb,
