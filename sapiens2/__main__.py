@@ -1,8 +1,10 @@
-"""Batch command line: ``python -m sapiens2 TASK INPUT... --size SIZE --out DIR``.
+"""Batch command line: ``python -m sapiens2 TASK INPUT... --size SIZE --out DIR [task options]``.
 
-Images and folders (searched recursively) in; per image, one subfolder of DIR holding the same
-export files as ``result.save``. A bad file is reported and skipped; the batch goes on. Exit code
-0 when at least one image succeeded, 1 otherwise (2 for a malformed command line).
+One sub-command per registered task; its flags are generated from the task's declared options
+(``python -m sapiens2 pose --help`` lists them). Images and folders (searched recursively) in;
+per image, one subfolder of DIR holding the same files the app offers as downloads. A bad file is
+reported and skipped; the batch goes on. Exit code 0 when at least one image succeeded, 1
+otherwise (2 for a malformed command line).
 """
 
 from __future__ import annotations
@@ -14,17 +16,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import OptionError, Sapiens2Error
+from .errors import Sapiens2Error
+from .options import Option
+from .tasks import registry
 
-#: CLI task name -> zoo task name
-TASK_NAMES = {
-    "pose": "pose",
-    "seg": "seg",
-    "normal": "normal",
-    "pointmap": "pointmap",
-    "matting": "matting",
-    "features": "pretrain",
-}
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".jfif", ".heic", ".heif", ".avif"}
 )
@@ -32,48 +27,57 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
           "float16": "float16", "fp16": "float16"}  # fmt: skip
 
 
+def flag(opt: Option) -> str:
+    return "--" + opt.name.replace("_", "-")
+
+
+def add_option(parser: argparse.ArgumentParser, task: registry.Task, opt: Option) -> None:
+    """One option as flags; unset flags stay None (the option's default)."""
+    flags = [flag(opt), *task.cli_aliases.get(opt.name, ())]
+    kwargs: dict[str, Any] = {"dest": opt.name, "default": None, "help": opt.describe(gpu=False)}
+    if opt.kind == "bool":
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif opt.kind in ("float", "int"):
+        kwargs.update(type=float if opt.kind == "float" else int, metavar="N")
+    elif opt.kind == "choice":
+        kwargs["choices"] = opt.choices
+    elif opt.kind == "classes":
+        kwargs.update(nargs="+", metavar="CLASS")
+    elif opt.kind == "color":
+        kwargs["metavar"] = "COLOUR"
+    elif opt.kind == "image":
+        kwargs["metavar"] = "FILE"
+    parser.add_argument(*flags, **kwargs)
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="image files or folders (searched recursively)"
+    )
+    parser.add_argument("--out", "-o", default="sapiens2_out", help="output folder (default: %(default)s)")
+    parser.add_argument("--size", help="model size (default: the task's default for the device)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), help="weights dtype (default: bfloat16 on GPU, float32 on CPU)"
+    )
+    parser.add_argument(
+        "--checkpoint", help="a .safetensors file or a folder holding one (instead of the Hub)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sapiens2",
         description="Run a Sapiens2 task on images and folders; write the export files per image.",
     )
-    p.add_argument("task", choices=sorted(TASK_NAMES), help="what to compute")
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files or folders (searched recursively)")
-    p.add_argument("--out", "-o", default="sapiens2_out", help="output folder (default: %(default)s)")
-    p.add_argument("--size", help="model size, e.g. 0.4b or 1b (default: the task's default for the device)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    p.add_argument(
-        "--dtype", choices=sorted(DTYPES), help="weights dtype (default: bfloat16 on GPU, float32 on CPU)"
-    )
-    p.add_argument("--checkpoint", help="a .safetensors file or a folder holding one (instead of the Hub)")
-    p.add_argument(
-        "--flip", action="store_true", help="pose: flip test (averages the mirrored crop; 2x compute)"
-    )
-    p.add_argument(
-        "--no-detector",
-        action="store_true",
-        help="pose: skip person detection; the whole image is one person",
-    )
-    p.add_argument(
-        "--threshold",
-        type=float,
-        default=0.3,
-        help="pose: keypoint score below which COCO/OpenPose files mark a point undetected (default: 0.3)",
-    )
-    p.add_argument(
-        "--remove-background",
-        action="store_true",
-        help="normal: blank the background (runs the segmentation model too)",
-    )
-    p.add_argument(
-        "--no-segmentation",
-        action="store_true",
-        help="pointmap: foreground = all valid depth instead of the segmentation model's person pixels",
-    )
-    p.add_argument(
-        "--background",
-        help="matting: composite background, '#rrggbb' or an image file (default: chroma green)",
-    )
+    sub = p.add_subparsers(dest="task", metavar="TASK", required=True, help="what to compute")
+    for task in registry.all_tasks().values():
+        tp = sub.add_parser(task.api_name, help=task.summary, description=task.summary)
+        add_common(tp)
+        for opt in task.options:
+            add_option(tp, task, opt)
+        for switch in task.cli_switches:
+            tp.add_argument(switch.flag, action="store_true", help=switch.help)
     return p
 
 
@@ -107,36 +111,30 @@ def unique_folder(stem: str, taken: set[str]) -> str:
     return name
 
 
-def _call_options(args: argparse.Namespace, task: str) -> dict[str, Any]:
-    if task == "pose":
-        return {"flip_test": args.flip}
-    if task == "normal":
-        return {"remove_background": args.remove_background}
-    if task == "pointmap":
-        return {"use_segmentation": not args.no_segmentation}
-    return {}
+def request_options(args: argparse.Namespace, task: registry.Task) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The task's options from the flags, checked like any request (messages name the flags).
+    A colour option given an image file's path uses the task's image option instead (matting's
+    ``--background`` takes either)."""
+    values = {o.name: getattr(args, o.name) for o in task.options}
+    image_opt = next((o for o in task.options if o.kind == "image"), None)
+    for opt in task.options:
+        value = values[opt.name]
+        if (
+            opt.kind == "color"
+            and image_opt
+            and isinstance(value, str)
+            and Path(value).expanduser().is_file()
+        ):
+            values[opt.name], values[image_opt.name] = None, str(Path(value).expanduser())
+    return task.split(values, gpu=_on_gpu(args.device), where=flag)
 
 
-def _save_options(args: argparse.Namespace) -> dict[str, Any]:
-    if args.task == "matting":
-        return {"background": _matting_background(args.background)}
-    if args.task == "pose":
-        if not 0.0 <= args.threshold <= 1.0:
-            raise OptionError(f"--threshold must be between 0 and 1; got {args.threshold}.")
-        return {"threshold": args.threshold}
-    return {}
+def _on_gpu(device: str | None) -> bool:
+    if device:
+        return device.startswith("cuda")
+    import torch
 
-
-def _matting_background(value: str | None) -> Any:
-    from .render import CHROMA_GREEN, parse_color
-
-    if value is None:
-        return CHROMA_GREEN
-    if Path(value).expanduser().is_file():
-        from .imaging import load_image
-
-        return load_image(value).rgb
-    return parse_color(value)  # raises OptionError for anything else
+    return torch.cuda.is_available()
 
 
 def _progress(total: int) -> Any:
@@ -154,52 +152,45 @@ def _say(bar: Any, message: str) -> None:
         print(message, file=sys.stderr)
 
 
-def _make_pipeline(args: argparse.Namespace) -> Any:
+def make_pipeline(args: argparse.Namespace, task: registry.Task) -> Any:
     import torch
 
-    from .tasks import pipeline
-
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
-    extra = {"detector": None} if args.task == "pose" and args.no_detector else {}
-    return pipeline(
-        TASK_NAMES[args.task], args.size, checkpoint=args.checkpoint, device=args.device, dtype=dtype, **extra
-    )
+    extra: dict[str, Any] = {}
+    for switch in task.cli_switches:
+        if getattr(args, switch.flag.lstrip("-").replace("-", "_")):
+            extra.update(switch.kwargs)
+    return task.pipeline(args.size, checkpoint=args.checkpoint, device=args.device, dtype=dtype, **extra)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_images(args: argparse.Namespace, task: registry.Task, files: list[Path], failed: int) -> int:
+    """Every image through one pipeline; one subfolder of outputs per image."""
+    from .serving import present
+
     t0 = time.perf_counter()
-    files, missing = find_images(args.inputs)
-    for item in missing:
-        print(f"skipped {item}: no such file or folder", file=sys.stderr)
-    if not files:
-        print(f"0 done, {len(missing)} failed in {time.perf_counter() - t0:.1f} s (no images found)")
-        return 1
     try:
-        save_opts = _save_options(args)
-        pipe = _make_pipeline(args)
+        infer_opts, render_opts = request_options(args, task)
+        pipe = make_pipeline(args, task)
     except Sapiens2Error as err:  # weights missing, bad checkpoint, bad option: once, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 1
-    call_opts = _call_options(args, args.task)
     out_root = Path(args.out).expanduser()
     taken: set[str] = set()
-    done, failed = 0, len(missing)
-    seen_notices: set[str] = set()
+    done, seen = 0, set()
     bar = _progress(len(files))
     try:
         for path in files:
             try:
-                result = pipe(path, **call_opts)
-                result.save(out_root / unique_folder(path.stem, taken), **save_opts)
+                result = pipe(path, **infer_opts)
+                present(result, out_root / unique_folder(path.stem, taken), **render_opts)
             except Exception as err:  # one bad image (or an out-of-memory) never ends the batch
                 failed += 1
                 _say(bar, f"skipped {path}: {type(err).__name__}: {err}")
             else:
                 done += 1
-                for note in result.notices:
-                    if note not in seen_notices:  # the same fallback for every image: say it once
-                        seen_notices.add(note)
-                        _say(bar, f"note ({path.name}): {note}")
+                for note in (n for n in result.notices if n not in seen):  # say each fallback once
+                    seen.add(note)
+                    _say(bar, f"note ({path.name}): {note}")
             if bar is not None:
                 bar.update(1)
     finally:
@@ -207,6 +198,17 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     print(f"{done} done, {failed} failed in {time.perf_counter() - t0:.1f} s (outputs in {out_root})")
     return 0 if done else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    task = registry.get(args.task)
+    files, missing = find_images(args.inputs)
+    for item in missing:
+        print(f"skipped {item}: no such file or folder", file=sys.stderr)
+    if not files:
+        print(f"0 done, {len(missing)} failed in 0.0 s (no images found)")
+        return 1
+    return run_images(args, task, files, len(missing))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -388,6 +388,21 @@ def _auto_detector(device: torch.device | str | None = None) -> PersonDetector:
         return _AUTO[key]
 
 
+def warm_detector(device: torch.device | str | None = None) -> bool:
+    """Load the shared detector for ``device`` now (e.g. in a server, outside any GPU function).
+    True when this call loaded it; False when it was already loaded or its weights are missing
+    (pose then uses the whole image, with a notice, and retries on a later request)."""
+    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    key = str(torch.device("cuda", 0) if dev.type == "cuda" and dev.index is None else dev)
+    if key in _AUTO:
+        return False
+    try:
+        _auto_detector(device)
+    except WeightsUnavailableError:
+        return False
+    return True
+
+
 def _from_callable(
     image: np.ndarray,
     detector: Callable[[np.ndarray], Any],

@@ -21,3 +21,11 @@ class InputImageError(Sapiens2Error, ValueError):
 
 class OptionError(Sapiens2Error, ValueError):
     """An option has a value that is not allowed; the message lists the allowed values."""
+
+
+class OutOfMemoryError(Sapiens2Error, MemoryError):
+    """The accelerator ran out of memory; the message suggests a smaller size."""
+
+
+class NotResidentError(Sapiens2Error):
+    """A GPU function needed a model the server process had not loaded first (it never loads)."""

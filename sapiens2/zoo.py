@@ -1,15 +1,13 @@
-"""The model zoo: the one table of tasks, sizes, checkpoints and their conventions.
+"""The model zoo: backbone sizes and, per task, which checkpoints exist and where they live.
 
-Everything else (loading, pipelines, the app, the CLI, benchmarks) reads this file; a new task
-is one row in ``TASKS``. Facts come from the Sapiens2 release and its Hub model cards.
+Loading, the pipelines and the task declarations (``sapiens2.tasks.registry``) read this file;
+facts come from the Sapiens2 release and its Hub model cards. A task registered later adds its
+own row (``registry.register``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-Preprocess = Literal["crop", "stretch", "pad"]
 
 #: Network input (height, width) for every task checkpoint; the 1b-4k backbone takes 4x this.
 INPUT_SIZE: tuple[int, int] = (1024, 768)
@@ -51,15 +49,11 @@ ARCHS: dict[str, Arch] = {
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A task row: which checkpoints exist and how images go in and results come out."""
+    """A task's checkpoints: which sizes exist, where they live, which head they carry."""
 
-    name: str  # short id used in file names, the CLI and the API
-    title: str  # human name for the UI
+    name: str  # short id used in repo and file names
     sizes: tuple[str, ...]
-    preprocess: Preprocess  # crop: top-down person crops; stretch: plain resize; pad: letterbox
-    output: str  # what the model returns (see sapiens2.nn.outputs)
     head: str | None  # head kind in sapiens2.nn.heads, None for the bare backbone
-    num_outputs: int | None  # output channels of the head
     default_size_gpu: str
     default_size_cpu: str
 
@@ -96,22 +90,12 @@ _SIZES4 = ("0.4b", "0.8b", "1b", "5b")
 TASKS: dict[str, TaskSpec] = {
     t.name: t
     for t in (
-        TaskSpec("pose", "Pose (308 keypoints)", _SIZES4, "crop", "heatmaps", "deconv", 308, "1b", "0.4b"),
-        TaskSpec("seg", "Body parts (29 classes)", _SIZES4, "stretch", "logits", "deconv", 29, "1b", "0.4b"),
-        TaskSpec("normal", "Surface normals", _SIZES4, "pad", "normals", "pixel_shuffle", 3, "1b", "0.4b"),
-        TaskSpec("pointmap", "Pointmap / 3D", _SIZES4, "pad", "pointmap", "pointmap", 3, "1b", "0.4b"),
-        TaskSpec("matting", "Matting", ("1b",), "stretch", "matting", "pixel_shuffle", 4, "1b", "1b"),
-        TaskSpec(
-            "pretrain",
-            "Features (backbone)",
-            ("0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"),
-            "stretch",
-            "features",
-            None,
-            None,
-            "0.1b",
-            "0.1b",
-        ),
+        TaskSpec("pose", _SIZES4, "deconv", "1b", "0.4b"),
+        TaskSpec("seg", _SIZES4, "deconv", "1b", "0.4b"),
+        TaskSpec("normal", _SIZES4, "pixel_shuffle", "1b", "0.4b"),
+        TaskSpec("pointmap", _SIZES4, "pointmap", "1b", "0.4b"),
+        TaskSpec("matting", ("1b",), "pixel_shuffle", "1b", "1b"),
+        TaskSpec("pretrain", ("0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"), None, "0.1b", "0.1b"),
     )
 }
 

@@ -109,7 +109,7 @@ def test_bad_background_option_is_explained(tmp_path, capsys):
         ["matting", str(tmp_path / "a.png"), "--background", "greenish", "--out", str(tmp_path / "o")]
     )
     assert code == 1
-    assert "error: Colour 'greenish'" in capsys.readouterr().err
+    assert "error: --background-color: Colour 'greenish'" in capsys.readouterr().err
 
 
 def test_unknown_task_is_a_usage_error(capsys):
@@ -182,7 +182,7 @@ def test_pose_batch_with_flip_and_threshold(tiny_checkpoints, tmp_path, capsys):
     img = write_photo(tmp_path / "p.png")
     args = ["pose", str(img), "--checkpoint", str(tiny_checkpoints["pose"]), "--out", str(tmp_path / "o")]
     assert main([*args, "--threshold", "2"]) == 1
-    assert "--threshold must be between 0 and 1" in capsys.readouterr().err
+    assert "--threshold must be a number from 0 to 1" in capsys.readouterr().err  # the schema's check
     assert main([*args, "--no-detector", "--flip", "--threshold", "0.5"]) == 0
     assert summary(capsys.readouterr().out) == (1, 0)
     people = json.loads((tmp_path / "o" / "p" / "p_pose.json").read_text())["people"]

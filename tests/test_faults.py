@@ -2,7 +2,7 @@
 memory, and where output files go. Each fault gives a clear error, nothing bad is cached, and the
 next request succeeds once the cause is gone.
 
-Requests go through the serving layer and the app's request runner (``app.Runner``, the code
+Requests go through the serving layer and the app's request runner (``sapiens2.ui.handlers.Runner``, the code
 behind every endpoint) with the tiny checkpoints; no server is started here.
 """
 
@@ -300,10 +300,9 @@ def test_out_of_memory_in_all_tasks_skips_that_task_and_trims(tiny_checkpoints, 
     ]
     shown, status = run.run_all(photo(), jobs)
     assert status.startswith("3 of 4 tasks done") and "Skipped: Matting" in status
-    assert re.match(
-        r"OutOfMemoryError: Out of GPU memory running matting 1b.*smaller photo", shown["matting"]
-    )
-    assert all(isinstance(shown[t], serving.Shown) for t in ("pose", "seg", "pretrain"))
+    assert isinstance(shown["matting"], serving.OutOfMemoryError)  # errors travel as objects
+    assert re.match(r"Out of GPU memory running matting 1b.*smaller photo", str(shown["matting"]))
+    assert all(isinstance(shown[t], serving.Presented) for t in ("pose", "seg", "pretrain"))
     assert len(manager.loaded()) == 1  # trimmed after the failure
     assert run("seg", photo(), "0.4b").after.shape == (40, 30, 3)
 
@@ -376,7 +375,7 @@ def _rss_mb() -> float:
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.skipif(serving._malloc_trim() is None, reason="glibc only (malloc_trim)")
+@pytest.mark.skipif(serving.memory._malloc_trim() is None, reason="glibc only (malloc_trim)")
 def test_release_memory_gives_freed_request_buffers_back() -> None:
     kept: list[np.ndarray] = []
 

@@ -303,7 +303,7 @@ def manager(tiny_checkpoints) -> serving.ModelManager:
     return serving.ModelManager(device="cpu", factory=small_factory(tiny_checkpoints))
 
 
-def run(manager: serving.ModelManager, task: str, image: Any, out: Path, **options: Any) -> serving.Shown:
+def run(manager: serving.ModelManager, task: str, image: Any, out: Path, **options: Any) -> serving.Presented:
     """What the app does per request, minus Gradio."""
     infer_opts, render_opts = serving.split_options(task, options)
     intake = serving.read_photo(image)
@@ -311,7 +311,7 @@ def run(manager: serving.ModelManager, task: str, image: Any, out: Path, **optio
     return serving.present(result, out, **render_opts)
 
 
-def check_exports(shown: serving.Shown, hw: tuple[int, int], out: Path) -> None:
+def check_exports(shown: serving.Presented, hw: tuple[int, int], out: Path) -> None:
     """Every file sits in ``out``, parses, and holds no inf (NaN only where it means 'no value')."""
     assert shown.after.shape == (*hw, 3) and shown.after.dtype == np.uint8
     assert shown.files and all(p.parent == out and p.stat().st_size > 0 for p in shown.files)
@@ -381,7 +381,8 @@ def test_no_person_falls_back_to_the_whole_image_with_a_notice(tiny_checkpoints,
         device="cpu", factory=small_factory(tiny_checkpoints, detector=lambda im: [])
     )
     shown = run(nobody, "pose", person_like(50, 70), tmp_path)
-    assert len(shown.data["people"]) == 1 and shown.data["detection"]["source"] == "whole_image"
+    data = shown.views[0]  # pose's first view: the 308-point JSON
+    assert len(data["people"]) == 1 and data["detection"]["source"] == "whole_image"
     assert any("No person found" in n and "whole image" in n for n in shown.notices)
 
 
@@ -394,8 +395,8 @@ def test_a_crowd_of_30_is_capped_and_the_cap_is_said(tiny_checkpoints, tmp_path:
 
     many = serving.ModelManager(device="cpu", factory=small_factory(tiny_checkpoints, detector=crowd))
     shown = run(many, "pose", person_like(h, w), tmp_path)  # the app's default max_people is 20
-    people = shown.data["people"]
-    assert len(people) == 20 and shown.data["detection"] == {"source": "detector", "num_found": 30}
+    people = shown.views[0]["people"]  # pose's first view: the 308-point JSON
+    assert len(people) == 20 and shown.views[0]["detection"] == {"source": "detector", "num_found": 30}
     assert any("Found 30 people, kept 20" in n for n in shown.notices)
     assert [p["box"][0] for p in people] == pytest.approx([10.0 * i for i in range(20)])  # best scores
     assert len(json.loads((tmp_path / "image_pose.json").read_text())["people"]) == 20

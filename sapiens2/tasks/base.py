@@ -147,3 +147,14 @@ class Pipeline:
             torch.cuda.synchronize(self.device)
         info.model_s += time.perf_counter() - t0
         return out
+
+    # -- stages (interim: the whole request in ``infer``; the pipelines branch splits them) -----
+
+    def prepare(self, intake: Intake, **options: Any) -> Intake:
+        return intake
+
+    def infer(self, batch: list[Intake], **options: Any) -> list[Any]:
+        return [self(item, **options) for item in batch]
+
+    def finish(self, raw: Any, intake: Intake, **options: Any) -> Any:
+        return raw

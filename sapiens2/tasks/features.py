@@ -5,6 +5,7 @@ shown as the first three principal components in RGB, plus cosine similarity of 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ import torch
 
 from ..errors import OptionError
 from ..imaging import stretch_to
+from ..zoo import get_task
 from .base import Pipeline, TaskResult
+from .registry import Compare, Task, View, forward_seconds
 
 
 @dataclass(kw_only=True)
@@ -102,3 +105,30 @@ def cosine_similarity(
     if na == 0 or nb == 0:
         raise OptionError("An embedding is all zeros; cosine similarity is undefined.")
     return float(np.clip(va @ vb / (na * nb), -1.0, 1.0))
+
+
+# ----------------------------------------------------------------------------- declaration
+
+
+def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
+    return forward_seconds(size)
+
+
+TASK = Task(
+    spec=get_task("pretrain"),
+    pipeline=FeaturesPipeline,
+    api_name="features",
+    tab="Features",
+    button="Run features",
+    summary="Features: the backbone's image embedding and a PCA view of its patch features.",
+    result_label="Features (PCA)",
+    downloads="Downloads (embedding NPY, PCA PNG)",
+    gpu_seconds=_gpu_seconds,
+    views=(View("json", "Summary", lambda result, files: result.summary()),),
+    compare=Compare(
+        "similarity",
+        "Cosine similarity of the embeddings",
+        "Similarity of two photos: cosine of their backbone embeddings (-1 to 1).",
+        cosine_similarity,
+    ),
+)

@@ -7,6 +7,7 @@ resized back bilinearly and clamped to [0, 1]. Composite = clamp(fg + (1 - alpha
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..imaging import resize_to, stretch_to
+from ..errors import InputImageError
+from ..imaging import load_image, resize_to, stretch_to
+from ..options import Option
 from ..render import CHROMA_GREEN
+from ..zoo import get_task
 from .base import Pipeline, TaskResult
+from .registry import Task, forward_seconds
 
 
 @dataclass(kw_only=True)
@@ -85,3 +90,54 @@ class MattingPipeline(Pipeline):
             foreground=foreground,
             alpha=alpha,
         )
+
+
+# ----------------------------------------------------------------------------- declaration
+
+
+def _render_args(render_opts: Mapping[str, Any]) -> dict[str, Any]:
+    """The two background options -> render's ``background``: the image when one is given."""
+    image = render_opts.get("background_image")
+    if image is None:
+        return {"background": render_opts.get("background_color", CHROMA_GREEN)}
+    try:
+        return {"background": load_image(image).rgb}
+    except InputImageError as err:  # say which of the two images is the problem
+        raise InputImageError(f"Background image: {err}") from None
+
+
+def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
+    return forward_seconds(size)
+
+
+TASK = Task(
+    spec=get_task("matting"),
+    pipeline=MattingPipeline,
+    api_name="matting",
+    tab="Matting",
+    button="Run matting",
+    summary="Matting: alpha matte and cut-out of the person, composited over a background.",
+    result_label="Matting",
+    downloads="Downloads (RGBA cut-out, alpha, composite)",
+    gpu_seconds=_gpu_seconds,
+    options=(
+        Option(
+            "background_color",
+            "color",
+            "#00b140",
+            "render",
+            "Background colour",
+            "background colour as '#rrggbb'",
+        ),
+        Option(
+            "background_image",
+            "image",
+            None,
+            "render",
+            "Background image (optional)",
+            "a background photo, used instead of the colour",
+        ),
+    ),
+    render_args=_render_args,
+    cli_aliases={"background_color": ("--background",)},
+)

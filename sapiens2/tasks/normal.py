@@ -9,6 +9,7 @@ more normalisation, since interpolating unit vectors shortens them).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,10 @@ import torch
 
 from ..errors import OptionError
 from ..imaging import letterbox, unletterbox
+from ..options import Option
+from ..zoo import get_task
 from .base import TaskResult
+from .registry import Task, forward_seconds
 from .seg import SegMaskedPipeline
 
 EPS = 1e-8
@@ -104,3 +108,48 @@ class NormalPipeline(SegMaskedPipeline):
             normals=normals,
             mask=mask,
         )
+
+
+# ----------------------------------------------------------------------------- declaration
+
+
+def _needs(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("seg",) if infer_opts.get("remove_background") else ()
+
+
+def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
+    return forward_seconds(size, 1 + len(_needs(infer_opts)))
+
+
+TASK = Task(
+    spec=get_task("normal"),
+    pipeline=NormalPipeline,
+    api_name="normal",
+    tab="Normals",
+    button="Run normals",
+    summary="Surface normals: one unit normal per pixel, shown as RGB.",
+    result_label="Normals",
+    downloads="Downloads (normals NPY float16, PNG, mask PNG)",
+    gpu_seconds=_gpu_seconds,
+    options=(
+        Option(
+            "remove_background",
+            "bool",
+            False,
+            "infer",
+            "Remove background (runs body parts too)",
+            "mask the person with the body-part model",
+        ),
+        Option(
+            "background",
+            "choice",
+            "black",
+            "render",
+            "Background",
+            "what shows outside the person",
+            choices=("black", "photo"),
+        ),
+    ),
+    borrows=("seg",),
+    needs=_needs,
+)

@@ -9,6 +9,7 @@ to the original size; foreground from the body-part segmentation.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,10 @@ import numpy as np
 import torch
 
 from ..imaging import letterbox, unletterbox
-from ..zoo import POINTMAP_CANONICAL_FOCAL
+from ..options import Option
+from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
+from .registry import Task, View, forward_seconds
 from .seg import SegMaskedPipeline
 
 
@@ -139,3 +142,45 @@ class PointmapPipeline(SegMaskedPipeline):
             focal_px=float(focal_orig),
             focal_px_input=float(focal_in),
         )
+
+
+# ----------------------------------------------------------------------------- declaration
+
+
+def _needs(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("seg",) if infer_opts.get("use_segmentation", True) else ()
+
+
+def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
+    return forward_seconds(size, 1 + len(_needs(infer_opts)))
+
+
+def _glb(result: Any, files: list[Path]) -> str | None:
+    return next((str(p) for p in files if p.suffix == ".glb"), None)
+
+
+TASK = Task(
+    spec=get_task("pointmap"),
+    pipeline=PointmapPipeline,
+    api_name="pointmap",
+    tab="Pointmap / 3D",
+    button="Run pointmap",
+    summary="Pointmap / 3D: metric XYZ per pixel, a depth view and a coloured point cloud.",
+    result_label="Depth",
+    downloads="Downloads (PLY, GLB, depth and XYZ NPY, depth PNG)",
+    gpu_seconds=_gpu_seconds,
+    options=(
+        Option(
+            "use_segmentation",
+            "bool",
+            True,
+            "infer",
+            "Person only (runs body parts too)",
+            "keep only the person (body-part model) in the point cloud",
+        ),
+    ),
+    views=(View("model3d", "Point cloud (GLB)", _glb),),
+    borrows=("seg",),
+    needs=_needs,
+    cli_aliases={"use_segmentation": ("--segmentation",)},
+)

@@ -16,6 +16,7 @@ Flow of :class:`PosePipeline`:
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,11 @@ import torch
 from ..errors import OptionError
 from ..imaging import ImageSource, Intake, apply_affine, crop_people
 from ..metadata import FLIP_INDEX, NUM_KEYPOINTS
+from ..options import Option
+from ..zoo import get_task
 from .base import Pipeline, RunInfo, TaskResult
 from .pose_codec import decode_checked, decode_heatmaps, flip_back, heatmap_to_crop, merge_flip
+from .registry import Switch, Task, View, forward_seconds
 
 __all__ = ["PosePipeline", "PoseResult", "decode_heatmaps", "flip_back", "merge_flip"]
 
@@ -234,3 +238,67 @@ class PosePipeline(Pipeline):
         kp_crop = heatmap_to_crop(kp_hm, tuple(heatmaps.shape[-2:]), in_hw)
         kp_work = apply_affine(kp_crop, crops.inverse)
         return kp_work.cpu().numpy().astype(np.float32), scores.cpu().numpy().astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- declaration
+
+
+def _warm_detector(device: str) -> bool:
+    from ..detect import warm_detector
+
+    return warm_detector(device)
+
+
+def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
+    # every person is one crop of the batch (twice with flip test), plus the DETR detector
+    crops = int(infer_opts.get("max_people") or 20) * (2 if infer_opts.get("flip_test") else 1)
+    return forward_seconds(size, crops) + 1.0
+
+
+TASK = Task(
+    spec=get_task("pose"),
+    pipeline=PosePipeline,
+    api_name="pose",
+    tab="Pose",
+    button="Run pose",
+    summary="Pose: 308 keypoints per person (body, hands, feet, face).",
+    result_label="Pose",
+    downloads="Downloads (308-point JSON, COCO-17, OpenPose BODY_25, PNG)",
+    gpu_seconds=_gpu_seconds,
+    options=(
+        Option(
+            "threshold",
+            "float",
+            0.3,
+            "render",
+            "Keypoint threshold",
+            "keypoints scoring below this are not drawn",
+            low=0.0,
+            high=1.0,
+            step=0.05,
+        ),
+        Option(
+            "flip_test",
+            "bool",
+            False,
+            "infer",
+            "Flip test (slower, a bit more accurate)",
+            "also run the mirrored crops and average",
+            gpu_default=True,
+        ),
+        Option("show_face", "bool", True, "render", "Face points", "draw the face points"),
+        Option(
+            "body_only", "bool", False, "render", "Body only (no hands, feet, face)", "draw only the body"
+        ),
+        Option("show_boxes", "bool", True, "render", "Person boxes", "draw the person boxes"),
+        Option(
+            "max_people", "int", 20, "infer", "Max people", "at most this many people", low=1, high=50, step=1
+        ),
+    ),
+    views=(View("json", "Keypoints (308 named points per person)", lambda result, files: result.to_dict()),),
+    warm=_warm_detector,
+    cli_aliases={"flip_test": ("--flip",)},
+    cli_switches=(
+        Switch("--no-detector", "skip person detection: the whole image is one person", {"detector": None}),
+    ),
+)

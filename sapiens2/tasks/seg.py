@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +21,11 @@ import torch
 from ..errors import CheckpointError, OptionError, WeightsUnavailableError
 from ..imaging import Intake, stretch_to
 from ..metadata import SEG_CLASS_NAMES, seg_class_ids
+from ..options import Option
 from ..render import blend_segmentation, class_shares, colorize_labels, segmentation_legend
 from ..zoo import get_task
 from .base import Pipeline, RunInfo, TaskResult
+from .registry import Task, View, forward_seconds
 
 # finite stand-ins for non-finite logits: a NaN class must never win the argmax
 _NEG_FILL, _POS_FILL = -1e30, 1e30
@@ -285,3 +287,48 @@ class SegMaskedPipeline(Pipeline):
     ) -> None:
         super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
         self.seg = LazySeg(seg, self)
+
+
+# ----------------------------------------------------------------------------- declaration
+
+
+def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
+    # the logits are resized to the photo on the device: a little more for big photos
+    return forward_seconds(size) + pixels / 20e6
+
+
+TASK = Task(
+    spec=get_task("seg"),
+    pipeline=SegPipeline,
+    api_name="seg",
+    tab="Body parts",
+    button="Run body parts",
+    summary="Body parts: one of 29 classes per pixel.",
+    result_label="Body parts",
+    downloads="Downloads (class ids PNG/NPY, colour PNG, blend PNG)",
+    gpu_seconds=_gpu_seconds,
+    options=(
+        Option(
+            "opacity",
+            "float",
+            0.5,
+            "render",
+            "Colour opacity",
+            "colour opacity over the photo",
+            low=0.0,
+            high=1.0,
+            step=0.05,
+        ),
+        Option(
+            "classes",
+            "classes",
+            None,
+            "render",
+            "Show only (empty: all)",
+            "class names or ids to show (empty: all)",
+            choices=tuple(SEG_CLASS_NAMES),
+            resolve=seg_class_ids,
+        ),
+    ),
+    views=(View("image", "Classes found", lambda result, files: result.legend()),),
+)

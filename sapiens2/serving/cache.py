@@ -1,0 +1,283 @@
+"""The model cache of a server: one pipeline per (task, size), loaded once, bounded, thread-safe.
+
+It is also where residency is decided: :meth:`ModelManager.prepare` loads, in the server process,
+everything a request will use (the task's model, the models it borrows, the person detector)
+before any GPU function runs; a GPU function then only reads the cache (``load=False``), and
+every change of what is loaded is reported through ``on_change`` (ZeroGPU's worker must be
+refreshed to see it; see ``sapiens2.zerogpu``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import NotResidentError, OptionError, Sapiens2Error
+from ..loadguard import check_loading_allowed
+from ..tasks import registry
+from .memory import free_accelerator_memory
+
+log = logging.getLogger(__name__)
+
+#: The key size used for a task whose checkpoint is given explicitly (any size choice maps to it).
+CUSTOM = "custom"
+#: Pipelines kept besides pinned ones when no byte budget is given: "All tasks" at one size fits.
+DEFAULT_MAX_MODELS = 6
+
+Key = tuple[str, str]
+Factory = Callable[..., Any]
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def model_bytes(pipe: Any) -> int:
+    """Bytes of a pipeline's weights (0 for stand-ins without a model)."""
+    model = getattr(pipe, "model", None)
+    if model is None or not hasattr(model, "parameters"):
+        return 0
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+class ModelManager:
+    """Thread-safe bounded cache of task pipelines keyed by (task, size).
+
+    ``checkpoints`` maps a task to an explicit checkpoint file or folder used for that task
+    whatever size is chosen (custom or fine-tuned weights; the tests' tiny checkpoints).
+    ``size`` overrides the default size of every task that offers it. ``factory`` builds a
+    pipeline (``factory(task, size, checkpoint=..., device=..., dtype=..., **borrowed)``); the
+    default is the task's pipeline class. Unpinned pipelines are evicted least recently used first
+    beyond ``max_models`` of them or ``max_bytes`` of weights (when given). ``on_change`` is called
+    (outside every lock) after a model was loaded or dropped.
+    """
+
+    def __init__(
+        self,
+        device: str | None = None,
+        dtype: Any = None,
+        checkpoints: Mapping[str, str | os.PathLike] | None = None,
+        max_models: int = DEFAULT_MAX_MODELS,
+        *,
+        size: str | None = None,
+        factory: Factory | None = None,
+        compile: bool = False,
+        max_bytes: int | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        if max_models < 1:
+            raise OptionError(f"max_models must be at least 1; got {max_models}.")
+        self.device = str(device) if device else default_device()
+        self.dtype = dtype
+        self.checkpoints = {registry.get(t).name: Path(p) for t, p in (checkpoints or {}).items()}
+        self.max_models = int(max_models)
+        self.max_bytes = max_bytes
+        self.size = size
+        self.on_change = on_change
+        self._factory = factory
+        self.compile = compile  # torch.compile each model at load (local CUDA only; see accel)
+        self.compile_reports: dict[Key, Any] = {}  # what compilation did or why it was skipped
+        self._guard = threading.Lock()  # protects the dicts below, never held while loading
+        self._cache: OrderedDict[Key, Any] = OrderedDict()  # least recently used first
+        self._pinned: set[Key] = set()
+        self._locks: dict[Key, threading.Lock] = {}
+        self.loads = 0  # successful loads (a cache hit does not count)
+        self.failures = 0  # failed loads
+        if hasattr(os, "register_at_fork"):  # ZeroGPU runs GPU functions in a forked worker
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: (m := ref()) is not None and m._after_fork())
+
+    def _after_fork(self) -> None:
+        # A lock held by another thread at fork time would stay locked forever in the child.
+        self._guard = threading.Lock()
+        self._locks = {}
+
+    # -- sizes -------------------------------------------------------------------------
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def sizes(self, task: str) -> tuple[str, ...]:
+        return registry.get(task).spec.sizes
+
+    def default_size(self, task: str) -> str:
+        spec = registry.get(task).spec
+        return str(self.size) if self.size in spec.sizes else spec.default_size(self.cuda)
+
+    def resolve_size(self, task: str, size: str | None) -> str:
+        """``size`` checked against the zoo (None -> the default); OptionError names the sizes."""
+        if size in (None, ""):
+            return self.default_size(task)
+        registry.get(task).spec.check_size(str(size))
+        return str(size)
+
+    def key(self, task: str, size: str | None) -> Key:
+        name = registry.get(task).name
+        if name in self.checkpoints:
+            return (name, CUSTOM)
+        return (name, self.resolve_size(name, size))
+
+    def borrowed_size(self, borrowed: str, size: str | None) -> str | None:
+        """Size of a borrowed model: the borrower's when offered (same cost class), else the default."""
+        return size if size in registry.get(borrowed).spec.sizes else None
+
+    # -- cache -------------------------------------------------------------------------
+
+    def loaded(self) -> list[Key]:
+        """Cached keys, least recently used first."""
+        with self._guard:
+            return list(self._cache)
+
+    def resident_bytes(self) -> int:
+        with self._guard:
+            return sum(model_bytes(p) for p in self._cache.values())
+
+    def _hit(self, key: Key, pin: bool) -> Any:
+        """The cached pipeline (marked most recently used), or None; call with ``_guard`` held."""
+        pipe = self._cache.get(key)
+        if pipe is not None:
+            self._cache.move_to_end(key)
+            if pin:
+                self._pinned.add(key)
+        return pipe
+
+    def get(self, task: str, size: str | None = None, *, pin: bool = False, load: bool = True) -> Any:
+        """The pipeline for (task, size), loading it once on first use. ``load=False`` (a GPU
+        function) raises NotResidentError instead of loading."""
+        key = self.key(task, size)
+        with self._guard:
+            if (pipe := self._hit(key, pin)) is not None:
+                return pipe
+            lock = self._locks.setdefault(key, threading.Lock())
+        if not load:
+            raise NotResidentError(f"The {key[0]} {key[1]} model is not loaded in this process.")
+        check_loading_allowed(f"The {key[0]} {key[1]} model")
+        with lock:  # one loader per key; others wait here and then find it cached
+            with self._guard:
+                if (pipe := self._hit(key, pin)) is not None:
+                    return pipe
+            try:
+                pipe = self._build(*key)
+            except BaseException:
+                with self._guard:
+                    self.failures += 1
+                raise  # nothing cached: the next request tries again
+            with self._guard:
+                self._cache[key] = pipe
+                if pin:
+                    self._pinned.add(key)
+                self.loads += 1
+                evicted = self._evict_locked()
+        if evicted:
+            log.info("model cache: evicted %s", evicted)
+            del evicted
+            free_accelerator_memory()
+        self._changed()
+        return pipe
+
+    def prepare(self, task: str, size: str | None = None, **infer_opts: Any) -> None:
+        """Load everything a request with these options will use (the task's model, the models
+        it borrows, the person detector) here, before any GPU function runs. A borrowed model that
+        cannot be loaded is only logged: the pipeline falls back with a notice."""
+        decl = registry.get(task)
+        self.get(decl.name, size)
+        for borrowed in decl.needs(infer_opts):
+            try:
+                self.get(borrowed, self.borrowed_size(borrowed, size))
+            except Sapiens2Error as err:
+                log.warning("%s model for %s unavailable: %s", borrowed, decl.name, err)
+        if decl.warm is not None and decl.warm(self.device):
+            self._changed()
+
+    def preload(self, tasks: Iterable[str] | None = None, *, pin: bool = True) -> dict[str, str]:
+        """Load the default size of each task (all by default) and what it always needs; returns
+        task -> error text for those that failed (nothing raises: a Space must start without weights)."""
+        failed: dict[str, str] = {}
+        for task in tasks or registry.all_tasks():
+            try:
+                decl = registry.get(task)
+                self.get(decl.name, None, pin=pin)
+                if decl.warm is not None and decl.warm(self.device):
+                    self._changed()
+            except Exception as err:  # report, keep starting
+                failed[task] = f"{type(err).__name__}: {err}"
+                log.warning("preload %s failed: %s", task, failed[task])
+        return failed
+
+    def trim(self, keep: int = 1) -> list[Key]:
+        """Drop all but the ``keep`` most recently used unpinned pipelines and free accelerator
+        memory; used after an out-of-memory error. Pinned (preloaded) models stay: on ZeroGPU
+        they are packed at launch and dropping them here frees no GPU memory. Returns the
+        dropped keys."""
+        with self._guard:
+            unpinned = [k for k in self._cache if k not in self._pinned]
+            dropped = unpinned[: max(0, len(unpinned) - max(0, keep))]
+            for key in dropped:
+                del self._cache[key]
+        free_accelerator_memory()
+        if dropped:
+            self._changed()
+        return dropped
+
+    def clear(self) -> None:
+        """Drop every pipeline, pinned ones too, and free accelerator memory."""
+        with self._guard:
+            self._cache.clear()
+            self._pinned.clear()
+        free_accelerator_memory()
+        self._changed()
+
+    def _evict_locked(self) -> list[Key]:
+        unpinned = [k for k in self._cache if k not in self._pinned]
+        evicted = unpinned[: max(0, len(unpinned) - self.max_models)]
+        if self.max_bytes is not None:
+            total = sum(model_bytes(p) for p in self._cache.values())
+            total -= sum(model_bytes(self._cache[k]) for k in evicted)
+            for key in unpinned[len(evicted) : -1]:  # never the model just loaded (the last)
+                if total <= self.max_bytes:
+                    break
+                total -= model_bytes(self._cache[key])
+                evicted.append(key)
+        for key in evicted:
+            del self._cache[key]
+        return evicted
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def _build(self, task: str, size: str) -> Any:
+        decl = registry.get(task)
+        real_size = None if size == CUSTOM else size
+        kwargs: dict[str, Any] = {"checkpoint": self.checkpoints.get(task), "device": self.device}
+        if self.dtype is not None:
+            kwargs["dtype"] = self.dtype
+        for borrowed in decl.borrows:  # shared with that task's own tab, never a private copy
+            bsize = self.borrowed_size(borrowed, real_size)
+            kwargs[borrowed] = lambda name=borrowed, s=bsize: self.get(name, s)
+        t0 = time.perf_counter()
+        if self._factory is not None:
+            pipe = self._factory(task, real_size, **kwargs)
+        else:
+            pipe = decl.pipeline(real_size, **kwargs)
+        log.info("loaded %s %s on %s in %.1f s", task, size, self.device, time.perf_counter() - t0)
+        if self.compile:  # skipped with a reason off CUDA and on ZeroGPU; never raises
+            from ..accel import compile_model
+
+            report = compile_model(pipe.model)
+            self.compile_reports[(task, size)] = report
+            log.info("compile %s %s: %s", task, size, report)
+        return pipe
+
+
+__all__ = ["CUSTOM", "DEFAULT_MAX_MODELS", "ModelManager", "default_device", "model_bytes"]

@@ -1,0 +1,161 @@
+"""One request, the same way for every task: read, check, load, prepare, infer, finish, present.
+
+Only :func:`run_on_device` touches the accelerator; a server passes it (wrapped in its GPU
+entry, e.g. ZeroGPU's ``spaces.GPU``) as ``device_call``. Everything else runs in the server
+process: reading the photo, checking options, loading models (the residency decision),
+preparing network inputs, mapping results back to the photo, rendering and writing files.
+Errors are ``sapiens2.errors`` objects; a device call returns an expected error as a value so
+that it crosses a process boundary intact, and the runner raises it again here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputImageError, Sapiens2Error
+from ..imaging import Intake
+from ..loadguard import loading_forbidden
+from ..tasks import registry
+from .cache import ModelManager
+from .folders import RequestFolders
+from .gpu_time import clamp, start_seconds, work_seconds
+from .memory import is_out_of_memory, out_of_memory
+from .present import Presented, present
+
+log = logging.getLogger(__name__)
+
+#: (task, size, prepared inputs, inference options, seconds to reserve) -> raws or an error
+DeviceCall = Callable[[str, str, list[Any], dict[str, Any], int], Any]
+
+
+def read_photo(source: Any) -> Intake:
+    """Read the request's photo once (EXIF-upright, size-checked) for every task that uses it.
+
+    Raises InputImageError with the reason (empty, not an image, too large ...)."""
+    from ..imaging import load_image
+
+    if source is None or (isinstance(source, str) and not source.strip()):
+        raise InputImageError("No photo given: upload one, take one with the webcam or paste one.")
+    return load_image(source)
+
+
+def run_on_device(
+    manager: ModelManager, task: str, size: str, preps: list[Any], infer_opts: dict[str, Any]
+) -> Any:
+    """The device work of one call: ``pipeline.infer(preps)`` with models already resident.
+
+    Never loads (a missing model is a NotResidentError). Returns the raws, or the package error
+    as a value (pickles intact across ZeroGPU's worker boundary); an out-of-memory trims the
+    cache and becomes OutOfMemoryError with advice."""
+    try:
+        with loading_forbidden():
+            pipe = manager.get(task, size, load=False)
+            try:
+                return pipe.infer(preps, **infer_opts)
+            except Exception as err:
+                if isinstance(err, Sapiens2Error) or not is_out_of_memory(err):
+                    raise
+                manager.trim()
+                raise out_of_memory(registry.get(task).name, size) from err
+    except Sapiens2Error as err:
+        return err
+
+
+@dataclass
+class Job:
+    """A checked request: the task, its size, the photos read, and the validated options."""
+
+    task: registry.Task
+    size: str
+    intakes: list[Intake]
+    infer_opts: dict[str, Any]
+    render_opts: dict[str, Any]
+
+    @property
+    def pixels(self) -> list[int]:
+        return [int(i.rgb.shape[0] * i.rgb.shape[1]) for i in self.intakes]
+
+
+class RequestRunner:
+    """Runs requests for a server: ``run`` (one photo), ``compare`` (two photos), ``run_all``."""
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        folders: RequestFolders | None = None,
+        device_call: DeviceCall | None = None,
+    ) -> None:
+        self.manager = manager
+        self.folders = folders or RequestFolders()
+        self.device_call = device_call or (lambda t, s, p, o, _sec: run_on_device(manager, t, s, p, o))
+
+    def job(self, task: str, photos: Sequence[Any], size: str | None, options: Mapping[str, Any]) -> Job:
+        """Read and check a request (CPU, no model): InputImageError / OptionError when bad."""
+        decl = registry.get(task)
+        intakes = [read_photo(p) for p in photos]
+        size = self.manager.resolve_size(decl.name, size)
+        infer_opts, render_opts = decl.split(options, gpu=self.manager.cuda)
+        return Job(decl, size, intakes, infer_opts, render_opts)
+
+    def seconds(self, job: Job) -> int:
+        """The GPU seconds to reserve for the job's device call, its models already loaded: a fresh
+        worker's start with everything resident, plus the work (ZeroGPU scales it by its factor)."""
+        work = work_seconds(job.task.name, job.size, job.pixels, job.infer_opts)
+        return clamp(start_seconds(self.manager.resident_bytes()) + work)
+
+    def results(self, job: Job) -> list[Any]:
+        """Load (here), prepare (here), infer (device call), finish (here): one result per photo."""
+        t0 = time.perf_counter()
+        name, size, opts = job.task.name, job.size, job.infer_opts
+        self.manager.prepare(name, size, **opts)
+        pipe = self.manager.get(name, size)
+        preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
+        raws = self.device_call(name, size, preps, opts, self.seconds(job))
+        if isinstance(raws, Sapiens2Error):
+            if isinstance(raws, MemoryError):
+                self.manager.trim()  # the worker trimmed its copy; this process holds one too
+            raise raws
+        out = [pipe.finish(raw, intake, **opts) for raw, intake in zip(raws, job.intakes, strict=True)]
+        for result in out:
+            result.info.total_s = time.perf_counter() - t0
+        return out
+
+    def run(self, task: str, photo: Any, size: str | None = None, **options: Any) -> Presented:
+        """One task on one photo, rendered and exported into a fresh request folder."""
+        job = self.job(task, [photo], size, options)
+        [result] = self.results(job)
+        return present(result, self.folders.new(), **job.render_opts)
+
+    def compare(
+        self, task: str, photo_a: Any, photo_b: Any, size: str | None = None
+    ) -> tuple[float, str, list[str]]:
+        """Score two photos with the task's ``compare`` (one device call for both)."""
+        decl = registry.get(task)
+        if decl.compare is None:
+            raise InputImageError(f"The {decl.api_name} task does not compare photos.")
+        a, b = self.results(self.job(decl.name, [photo_a, photo_b], size, {}))
+        line = f"{a.info.line()} | {b.info.line()}"
+        return decl.compare.score(a, b), line, [*a.notices, *b.notices]
+
+    def run_all(
+        self, photo: Any, requests: Mapping[str, tuple[str | None, Mapping[str, Any]]]
+    ) -> dict[str, Presented | Sapiens2Error]:
+        """Every requested task (task -> (size, options)) on one photo, one device call per task
+        (each within its own GPU budget). A task that fails gives its error object instead."""
+        intake = read_photo(photo)
+        out: dict[str, Presented | Sapiens2Error] = {}
+        for task, (size, options) in requests.items():
+            try:
+                job = self.job(task, [intake], size, options)
+                [result] = self.results(job)
+                out[task] = present(result, self.folders.new(), **job.render_opts)
+            except Sapiens2Error as err:
+                out[task] = err
+        return out
+
+
+__all__ = ["DeviceCall", "Job", "RequestRunner", "read_photo", "run_on_device"]

@@ -1,0 +1,241 @@
+"""Endpoint functions generated from the task declarations, and how their outcomes are shown.
+
+Each task gets one function whose parameters are the photo, the size and the task's options in
+declaration order (Gradio reads the signature for the API and the docstring's ``Args:`` for the
+API docs and MCP tool descriptions). Package errors become ``gr.Error`` with a title chosen by
+type; notices become ``gr.Warning``; any other exception is logged and reported briefly, and the
+server carries on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import gradio as gr
+
+from .. import serving
+from ..errors import (
+    CheckpointError,
+    InputImageError,
+    NotResidentError,
+    OptionError,
+    OutOfMemoryError,
+    Sapiens2Error,
+    WeightsUnavailableError,
+)
+from ..options import Option
+from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, is_out_of_memory
+from ..tasks.registry import Task
+from .gpu import device_call
+
+log = logging.getLogger("sapiens2.app")
+
+ERROR_TITLES: list[tuple[type[Exception], str]] = [
+    (WeightsUnavailableError, "Weights unavailable"),
+    (CheckpointError, "Unusable checkpoint"),
+    (InputImageError, "Image problem"),
+    (OptionError, "Invalid option"),
+    (OutOfMemoryError, "Out of GPU memory"),
+    (NotResidentError, "Server error"),
+]
+
+
+def user_error(err: BaseException) -> gr.Error:
+    title = next((t for cls, t in ERROR_TITLES if isinstance(err, cls)), "Error")
+    return gr.Error(str(err), title=title, print_exception=False)
+
+
+@contextmanager
+def reported(manager: ModelManager) -> Iterator[None]:
+    """Package errors -> gr.Error with their message; anything else -> a short gr.Error (logged).
+    Every request ends here, so this is also where its freed memory goes back to the system."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except Sapiens2Error as err:
+        raise user_error(err) from None
+    except Exception as err:
+        if is_out_of_memory(err):
+            manager.trim()
+            raise gr.Error(
+                "Out of memory. Try a smaller model size or a smaller photo.", title="Out of GPU memory"
+            ) from None
+        log.exception("unexpected error")
+        raise gr.Error(
+            f"Unexpected error ({type(err).__name__}). The server is still running: try again or another photo.",
+            print_exception=False,
+        ) from None
+    finally:
+        serving.release_memory()  # looked up at call time (tests count the calls)
+
+
+def warn(notices: list[str], prefix: str = "") -> None:
+    for notice in notices:
+        gr.Warning(f"{prefix}{notice}")
+
+
+class Runner:
+    """Runs requests for the app: the package's RequestRunner through the GPU entry, with the
+    outcome shown the Gradio way (errors, warnings)."""
+
+    def __init__(self, manager: ModelManager, folders: RequestFolders | None = None) -> None:
+        self.manager = manager
+        self.requests = RequestRunner(manager, folders, device_call(manager))
+
+    def __call__(self, task: str, photo: Any, size: str | None, **options: Any) -> Presented:
+        with reported(self.manager):
+            shown = self.requests.run(task, photo, size, **options)
+        warn(shown.notices)
+        return shown
+
+    def compare(self, task: str, photo_a: Any, photo_b: Any, size: str | None) -> tuple[float, str]:
+        with reported(self.manager):
+            score, line, notices = self.requests.compare(task, photo_a, photo_b, size)
+        warn(notices)
+        return score, line
+
+    def run_all(
+        self, photo: Any, jobs: list[tuple[str, str | None, dict[str, Any]]]
+    ) -> tuple[dict[str, Presented | Sapiens2Error], str]:
+        """Every task on one photo: task -> result shown (or the error object), and a status line."""
+        from ..tasks import registry
+
+        t0 = time.perf_counter()
+        with reported(self.manager):
+            shown = self.requests.run_all(photo, {task: (size, opts) for task, size, opts in jobs})
+        failed = {t: v for t, v in shown.items() if isinstance(v, Sapiens2Error)}
+        if any(isinstance(v, OutOfMemoryError) for v in failed.values()):
+            self.manager.trim()  # later tasks loaded models again after the failure's trim
+        title = {t: registry.get(t).tab for t in shown}
+        if failed and len(failed) == len(jobs):
+            raise gr.Error("No task could run: " + " | ".join(f"{title[t]}: {v}" for t, v in failed.items()))
+        for task, value in shown.items():
+            if isinstance(value, Sapiens2Error):
+                gr.Warning(f"{title[task]}: {value}", title="Task skipped")
+            else:
+                warn(value.notices, f"{title[task]}: ")
+        status = f"{len(jobs) - len(failed)} of {len(jobs)} tasks done in {time.perf_counter() - t0:.1f} s."
+        if failed:
+            status += " Skipped: " + ", ".join(title[t] for t in failed) + "."
+        return shown, status
+
+
+# ----------------------------------------------------------------------------- generated endpoints
+
+
+def outputs_of(presented: Presented) -> list[Any]:
+    """A result's values in its tab's output order: slider pair, views, downloads, run info."""
+    files = [str(p) for p in presented.files]
+    return [(presented.before, presented.after), *presented.views, files, presented.line]
+
+
+def _signature(names: list[str], required: int) -> inspect.Signature:
+    """The first ``required`` names are required; the others default to None (the server's default)."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(n, kind, default=inspect.Parameter.empty if i < required else None)
+              for i, n in enumerate(names)]  # fmt: skip
+    # Gradio passes a progress tracker for a parameter defaulting to gr.Progress (not an API input)
+    progress = gr.Progress(track_tqdm=True)
+    params.append(inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=progress))
+    return inspect.Signature(params)
+
+
+def _docstring(summary: str, args: list[tuple[str, str]]) -> str:
+    lines = [summary, "", "Args:"] + [f"    {name}: {text}" for name, text in args]
+    return "\n".join(lines)
+
+
+def _size_doc(task: Task) -> str:
+    return f"model size: {', '.join(task.spec.sizes)}."
+
+
+def _endpoint(
+    fn: Callable[..., Any], name: str, names: list[str], doc: str, required: int = 1
+) -> Callable[..., Any]:
+    fn.__name__ = fn.__qualname__ = name
+    fn.__signature__ = _signature(names, required)  # type: ignore[attr-defined]
+    fn.__doc__ = doc
+    return fn
+
+
+def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
+    """``f(photo, size, *options)`` -> the task's outputs (see :func:`outputs_of`)."""
+    names = [o.name for o in task.options]
+
+    def endpoint(*args: Any) -> list[Any]:
+        photo, size, *values = args[: 2 + len(names)]
+        return outputs_of(run(task.name, photo, size, **dict(zip(names, values, strict=True))))
+
+    doc = _docstring(
+        task.summary,
+        [("photo", "the photo (file)."), ("size", _size_doc(task))]
+        + [(o.name, o.describe(gpu)) for o in task.options],
+    )
+    return _endpoint(endpoint, task.api_name, ["photo", "size", *names], doc)
+
+
+def compare_endpoint(run: Runner, task: Task) -> Callable[..., Any]:
+    """``f(photo, other_photo, size)`` -> (score, run info)."""
+    assert task.compare is not None
+
+    def endpoint(*args: Any) -> tuple[float, str]:
+        photo, other, size = args[:3]
+        return run.compare(task.name, photo, other, size)
+
+    doc = _docstring(
+        task.compare.help,
+        [
+            ("photo", "the first photo (file)."),
+            ("other_photo", "the second photo (file)."),
+            ("size", _size_doc(task)),
+        ],
+    )
+    return _endpoint(endpoint, task.compare.api_name, ["photo", "other_photo", "size"], doc, required=2)
+
+
+def all_parameters(tasks: Mapping[str, Task]) -> list[tuple[Task, str, Option | None]]:
+    """(task, API parameter name, option or None for the size) for "All tasks", in order.
+    Option names shared by two tasks are prefixed with the task's API name."""
+    counts: dict[str, int] = {}
+    for task in tasks.values():
+        for opt in task.options:
+            counts[opt.name] = counts.get(opt.name, 0) + 1
+    out: list[tuple[Task, str, Option | None]] = []
+    for task in tasks.values():
+        out.append((task, f"{task.api_name}_size", None))
+        for opt in task.options:
+            out.append((task, opt.name if counts[opt.name] == 1 else f"{task.api_name}_{opt.name}", opt))
+    return out
+
+
+def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[..., Any]:
+    """``f(photo, <task>_size, <options>...)`` -> every tab's outputs, then a status line."""
+    params = all_parameters(tasks)
+
+    def endpoint(*args: Any) -> list[Any]:
+        photo, values = args[0], dict(zip((p for _, p, _ in params), args[1 : 1 + len(params)], strict=True))
+        jobs = []
+        for task in tasks.values():
+            options = {o.name: values[p] for t, p, o in params if t is task and o is not None}
+            jobs.append((task.name, values[f"{task.api_name}_size"], options))
+        shown, status = run.run_all(photo, jobs)
+        out: list[Any] = []
+        for task in tasks.values():
+            value = shown.get(task.name)
+            out.extend(outputs_of(value) if isinstance(value, Presented) else [None] * (3 + len(task.views)))
+        return [*out, status]
+
+    docs = [("photo", "the photo (file).")]
+    for task, name, opt in params:
+        docs.append((name, f"{task.tab}: {_size_doc(task) if opt is None else opt.describe(gpu)}"))
+    summary = (
+        "All tasks on one photo; options as in each task's endpoint (None: the default). A task that "
+        "cannot run (e.g. its weights are missing) is skipped and named in the status."
+    )
+    return _endpoint(endpoint, "all_tasks", ["photo", *(p for _, p, _ in params)], _docstring(summary, docs))

@@ -1,0 +1,159 @@
+"""The page, made from the task declarations: one tab per task, "All tasks", the about text.
+
+A tab: the size menu, the option widgets, the run button and the examples on the left; the
+before/after view, run info, the task's views and its downloads on the right. Every model run
+(buttons and the examples' lazy cache alike) shares one concurrency group, ``MODELS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from ..serving import ModelManager
+from ..tasks.registry import Task
+from ..zoo import ARCHS, DETECTOR, WEIGHTS_LICENSE
+from .handlers import Runner, all_endpoint, compare_endpoint, task_endpoint
+from .inputs import photo_input
+from .widgets import option_widget, render_results, result_widgets, size_dropdown
+
+#: The concurrency group of everything that runs a model.
+MODELS = "models"
+
+
+@dataclass
+class TabParts:
+    """What "All tasks" needs from a task's tab: its input widgets and its output widgets."""
+
+    task: Task
+    controls: list[Any]  # size menu, then one widget per option
+    outputs: list[Any]
+
+
+def share_model_slots(event: Any) -> None:
+    """Put an event (e.g. an Examples cache event) in the models' concurrency group."""
+    event.fn.concurrency_id = MODELS
+
+
+def add_examples(
+    photo: gr.Image, task: Task, handler: Callable[..., Any], parts: TabParts, examples: list[str]
+) -> None:
+    """The example photos for one tab, run with the tab's default options and cached on first use."""
+    if not examples:
+        return
+    defaults = [c.value for c in parts.controls]
+
+    def run_example(photo: Any) -> Any:
+        return handler(photo, *defaults)
+
+    ex = gr.Examples(
+        examples=[[p] for p in examples],
+        inputs=[photo],
+        outputs=parts.outputs,
+        fn=run_example,
+        cache_examples=True,
+        cache_mode="lazy",
+        examples_per_page=8,
+        label=f"Examples: click one to run {task.tab.lower()} on it",
+        api_name=False,
+        elem_id=f"{task.name}-examples",
+    )
+    share_model_slots(ex.cache_event)
+
+
+def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -> None:
+    """A second photo and a button that scores the two with the task's ``compare``."""
+    assert task.compare is not None
+    other = photo_input(
+        label="Second photo (to compare)", sources=["upload", "webcam", "clipboard"], height=180
+    )
+    button = gr.Button("Compare the two photos")
+    score = gr.Number(label=task.compare.label, precision=4)
+    info = gr.Textbox(label="Comparison run info", interactive=False, max_lines=2)
+    button.click(
+        compare_endpoint(run, task),
+        inputs=[photo, other, size],
+        outputs=[score, info],
+        api_name=task.compare.api_name,
+        concurrency_id=MODELS,
+    )
+
+
+def task_tab(run: Runner, task: Task, photo: gr.Image, examples: list[str]) -> TabParts:
+    """One task's tab and its endpoint (``/<api_name>``)."""
+    manager: ModelManager = run.manager
+    outputs = result_widgets(task)
+    with gr.Tab(task.tab, id=task.api_name):
+        with gr.Row():
+            with gr.Column(scale=1):
+                size = size_dropdown(manager.sizes(task.name), manager.default_size(task.name))
+                parts = TabParts(
+                    task, [size, *(option_widget(o, manager.cuda) for o in task.options)], outputs
+                )
+                button = gr.Button(task.button, variant="primary")
+                handler = task_endpoint(run, task, manager.cuda)
+                if task.compare is not None:
+                    compare_block(run, task, photo, size)
+                add_examples(photo, task, handler, parts, examples)
+            with gr.Column(scale=2):
+                render_results(outputs)
+    button.click(
+        handler,
+        inputs=[photo, *parts.controls],
+        outputs=outputs,
+        api_name=task.api_name,
+        concurrency_id=MODELS,
+    )
+    return parts
+
+
+def all_tasks_event(
+    run: Runner,
+    tasks: Mapping[str, Task],
+    tabs: list[TabParts],
+    photo: gr.Image,
+    button: gr.Button,
+    status: Any,
+) -> None:
+    """``/all``: every tab's inputs in, every tab's outputs (and a status line) out."""
+    inputs = [photo, *(c for parts in tabs for c in parts.controls)]
+    outputs = [*(c for parts in tabs for c in parts.outputs), status]
+    button.click(
+        all_endpoint(run, tasks, run.manager.cuda),
+        inputs=inputs,
+        outputs=outputs,
+        api_name="all",
+        concurrency_id=MODELS,
+    )
+
+
+def about_markdown(tasks: Mapping[str, Task]) -> str:
+    rows = "\n".join(
+        f"| {a.size} | {a.params_b:.3f} B | {a.hidden} | {a.layers} | "
+        f"{'-' if a.tflops_1024x768 is None else f'{a.tflops_1024x768:.2f} T'} |"
+        for a in ARCHS.values()
+    )
+    listed = "\n".join(f"- **{t.tab}**: sizes {', '.join(t.spec.sizes)}" for t in tasks.values())
+    return f"""
+**Sapiens2** (Meta, ICLR 2026) is a family of vision transformers pretrained on 1 billion human
+images, with task heads for 308-keypoint pose, 29-class body-part segmentation, surface normals,
+pointmaps and matting. Input 1024x768 (HxW), patch 16; the 1b-4k backbone takes 4096x3072.
+
+| backbone | params | width | layers | FLOPs @1024x768 |
+|---|---|---|---|---|
+{rows}
+
+{listed}
+
+**Weights licence:** {WEIGHTS_LICENSE}. This Space does not re-host weights: they are downloaded
+from the `facebook/sapiens2-*` repositories on the Hugging Face Hub on first use. Person boxes
+for pose come from `{DETECTOR.repo_id}` ({DETECTOR.license}).
+
+Links: [paper (arXiv 2604.21681)](https://arxiv.org/abs/2604.21681) ·
+[code](https://github.com/facebookresearch/sapiens2) ·
+[licence](https://github.com/facebookresearch/sapiens2/blob/main/LICENSE.md) ·
+[models](https://huggingface.co/facebook/sapiens2-pose-1b)
+"""

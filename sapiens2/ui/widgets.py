@@ -1,0 +1,89 @@
+"""Widgets made from declarations: an option's input, a size menu, a result's output views."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from ..options import Option
+from ..tasks.registry import Task, View
+from .inputs import photo_input
+
+
+def checked_by_package(component: Any) -> Any:
+    """Pass API values through unchanged so the package checks them: its message names the
+    option and its allowed values, where Gradio's own range check names neither."""
+    component.preprocess = lambda payload: payload  # type: ignore[method-assign]
+    return component
+
+
+def option_widget(opt: Option, gpu: bool) -> gr.components.Component:
+    """The input widget of one option, showing this server's default (e.g. flip test on a GPU)."""
+    value = opt.default_for(gpu)
+    label = opt.label
+    if opt.gpu_default is not None and opt.gpu_default != opt.default:
+        label = f"{opt.label} (default {'on' if value else 'off'} on this {'GPU' if gpu else 'CPU'})"
+    if opt.kind == "bool":
+        return gr.Checkbox(bool(value), label=label)
+    if opt.kind in ("float", "int"):
+        return checked_by_package(gr.Slider(opt.low, opt.high, value=value, step=opt.step, label=label))
+    if opt.kind == "choice":
+        return checked_by_package(gr.Radio(list(opt.choices), value=value, label=label))
+    if opt.kind == "classes":
+        return gr.Dropdown(
+            list(opt.choices),
+            value=[],
+            multiselect=True,
+            allow_custom_value=True,  # other spellings work too; unknown names get a clear error
+            label=label,
+        )
+    if opt.kind == "color":
+        return gr.ColorPicker(value, label=label)
+    if opt.kind == "image":
+        return photo_input(label=label, sources=["upload", "clipboard"], height=160)
+    raise AssertionError(opt.kind)  # pragma: no cover - a declaration typo
+
+
+def size_dropdown(sizes: tuple[str, ...], default: str) -> gr.Dropdown:
+    return gr.Dropdown(
+        choices=list(sizes),
+        value=default,
+        label="Model size",
+        info="Bigger is more accurate and slower.",
+        allow_custom_value=True,  # so API callers get the package's message naming the sizes
+    )
+
+
+def view_widget(view: View) -> gr.components.Component:
+    """An output view (made unrendered: the tab places it after the examples exist)."""
+    if view.kind == "json":
+        return gr.JSON(label=view.label, height=260, render=False)
+    if view.kind == "image":
+        return gr.Image(label=view.label, type="numpy", height=240, render=False)
+    if view.kind == "model3d":
+        return gr.Model3D(label=view.label, display_mode="point_cloud", height=360, render=False)
+    raise AssertionError(view.kind)  # pragma: no cover - a declaration typo
+
+
+def result_widgets(task: Task) -> list[gr.components.Component]:
+    """A task's outputs, unrendered: before/after slider, its views, downloads, run info."""
+    slider = gr.ImageSlider(
+        label=f"{task.result_label}: before / after",
+        type="numpy",
+        max_height=520,
+        elem_id=f"{task.name}-result",
+        render=False,
+    )
+    files = gr.File(label=task.downloads, file_count="multiple", render=False)
+    info = gr.Textbox(
+        label="Run info", interactive=False, max_lines=2, elem_id=f"{task.name}-info", render=False
+    )
+    return [slider, *(view_widget(v) for v in task.views), files, info]
+
+
+def render_results(components: list[gr.components.Component]) -> None:
+    """Show a tab's outputs: the before/after view, the run info under it, then the rest."""
+    slider, *rest, info = components
+    for c in (slider, info, *rest):
+        c.render()

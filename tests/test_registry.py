@@ -1,0 +1,166 @@
+"""The task registry drives everything above the pipelines: a toy task registered here gets a tab,
+an API endpoint (its own and a place in /all), CLI flags and checked options, with no other code.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sapiens2 import serving  # noqa: E402
+from sapiens2.errors import OptionError  # noqa: E402
+from sapiens2.imaging import Intake  # noqa: E402
+from sapiens2.options import Option  # noqa: E402
+from sapiens2.tasks import registry  # noqa: E402
+from sapiens2.tasks.base import RunInfo, TaskResult  # noqa: E402
+from sapiens2.zoo import TASKS as ZOO  # noqa: E402
+from sapiens2.zoo import TaskSpec  # noqa: E402
+
+# ----------------------------------------------------------------------------- a toy task (one file's worth)
+
+
+@dataclass(kw_only=True)
+class InvertResult(TaskResult):
+    inverted: np.ndarray
+
+    def render(self, *, strength: float = 1.0) -> np.ndarray:
+        mix = self.image * (1 - strength) + self.inverted * strength
+        return mix.round().astype(np.uint8)
+
+    def save(self, out_dir: Path, *, rendered: np.ndarray | None = None) -> list[Path]:
+        from sapiens2.export import safe_path, write_png
+
+        return [
+            write_png(
+                safe_path(out_dir, self.name, "_invert.png"), self.render() if rendered is None else rendered
+            )
+        ]
+
+
+class InvertPipeline:
+    """No weights: the 'model' inverts the picture. Follows the pipeline contract."""
+
+    task = "invert"
+
+    def __init__(self, size: str | None = None, **kwargs: Any) -> None:
+        self.size = size or "tiny"
+        self.calls = 0
+
+    def prepare(self, intake: Intake, **opts: Any) -> np.ndarray:
+        return intake.work
+
+    def infer(self, batch: list[np.ndarray], **opts: Any) -> list[np.ndarray]:
+        self.calls += 1
+        return [255 - x for x in batch]
+
+    def finish(self, raw: np.ndarray, intake: Intake, **opts: Any) -> InvertResult:
+        info = RunInfo("invert", self.size, "cpu", "none")
+        return InvertResult(image=intake.rgb, info=info, name=intake.name, inverted=raw)
+
+    def __call__(self, image: Any, **opts: Any) -> InvertResult:
+        from sapiens2.imaging import load_image
+
+        intake = load_image(image)
+        return self.finish(self.infer([self.prepare(intake)])[0], intake)
+
+
+TOY = registry.Task(
+    spec=TaskSpec("invert", ("tiny",), None, "tiny", "tiny"),
+    pipeline=InvertPipeline,
+    api_name="invert",
+    tab="Invert",
+    button="Run invert",
+    summary="Invert: the photo's negative.",
+    result_label="Invert",
+    downloads="Downloads (PNG)",
+    gpu_seconds=lambda size, pixels, opts: 0.1,
+    options=(
+        Option(
+            "strength", "float", 1.0, "render", "Strength", "how much to invert", low=0.0, high=1.0, step=0.1
+        ),
+    ),
+)
+
+
+@pytest.fixture
+def toy() -> Iterator[registry.Task]:
+    registry.register(TOY)
+    try:
+        yield TOY
+    finally:
+        registry.unregister(TOY.name)
+    assert "invert" not in registry.all_tasks() and "invert" not in ZOO
+
+
+def photo() -> np.ndarray:
+    img = np.zeros((20, 30, 3), np.uint8)
+    img[:, :15] = 200
+    return img
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_builtin_tasks_are_declared_in_tab_order() -> None:
+    names = [t.api_name for t in registry.all_tasks().values()]
+    assert names == ["pose", "seg", "normal", "pointmap", "matting", "features"]
+    assert registry.get("features") is registry.get("pretrain")
+    with pytest.raises(OptionError, match="choose one of: pose, seg, normal, pointmap, matting, features"):
+        registry.get("depth")
+
+
+def test_option_names_are_unique_per_task_and_defaults_pass_their_own_checks() -> None:
+    for task in registry.all_tasks().values():
+        names = [o.name for o in task.options]
+        assert len(names) == len(set(names)), task.name
+        for gpu in (False, True):
+            infer, render = task.split({}, gpu=gpu)
+            assert set(infer) | set(render) == set(names)
+
+
+def test_a_registered_task_gets_a_tab_an_endpoint_and_a_place_in_all(toy, tmp_path) -> None:
+    import app
+
+    manager = serving.ModelManager(device="cpu")
+    demo = app.build_demo(manager, folders=serving.RequestFolders(tmp_path / "req"))
+    tabs = [b.label for b in demo.blocks.values() if type(b).__name__ == "Tab"]
+    assert tabs[-1] == "Invert" and len(tabs) == 7
+    api = demo.get_api_info()["named_endpoints"]
+    assert [p["parameter_name"] for p in api["/invert"]["parameters"]] == ["photo", "size", "strength"]
+    all_params = [p["parameter_name"] for p in api["/all"]["parameters"]]
+    assert all_params[-2:] == ["invert_size", "strength"]
+    # the endpoint function works end to end through the app's runner (CPU, no GPU entry needed)
+    fn = next(f.fn for f in demo.fns.values() if f.api_name == "invert")
+    (before, after), files, line = fn(photo(), None, 0.5)
+    assert after[0, 0].tolist() == [128, 128, 128] and Path(files[0]).name == "image_invert.png"
+    with pytest.raises(Exception, match=r"'strength' must be a number from 0 to 1; got 3"):
+        fn(photo(), None, 3)
+
+
+def test_a_registered_task_gets_cli_flags(toy, tmp_path, capsys) -> None:
+    from PIL import Image
+
+    from sapiens2.__main__ import build_parser, main
+
+    args = build_parser().parse_args(["invert", "x.png", "--strength", "0.2"])
+    assert args.task == "invert" and args.strength == 0.2
+    Image.fromarray(photo()).save(tmp_path / "p.png")
+    assert main(["invert", str(tmp_path / "p.png"), "--out", str(tmp_path / "o"), "--strength", "1"]) == 0
+    out = np.asarray(Image.open(tmp_path / "o" / "p" / "p_invert.png"))
+    assert out[0, 0].tolist() == [55, 55, 55]
+    assert main(["invert", str(tmp_path / "p.png"), "--out", str(tmp_path / "o"), "--strength", "9"]) == 1
+    assert "--strength must be a number from 0 to 1" in capsys.readouterr().err
+
+
+def test_a_task_name_cannot_be_registered_twice(toy) -> None:
+    with pytest.raises(OptionError, match="already registered"):
+        registry.register(toy)
