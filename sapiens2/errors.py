@@ -21,3 +21,14 @@ class InputImageError(Sapiens2Error, ValueError):
 
 class OptionError(Sapiens2Error, ValueError):
     """An option has a value that is not allowed; the message lists the allowed values."""
+
+
+class InputVideoError(InputImageError):
+    """An input video cannot be read or used (not a video, corrupt, too long, too large).
+
+    A subclass of InputImageError so that code handling bad uploads in general catches it too.
+    """
+
+
+class VideoEncodeError(Sapiens2Error):
+    """This installation cannot write a video that browsers play (no usable encoder)."""
