@@ -208,6 +208,21 @@ def test_limits_and_options_give_clear_errors_and_leave_no_video(tmp_path: Path)
     assert not list((tmp_path / "o").glob("*.webm"))  # the half-written video was removed
 
 
+def test_an_infer_hook_replaces_the_device_step(tmp_path: Path) -> None:
+    """How a ZeroGPU app runs only the batch's device work in its GPU function."""
+    clip = write_clip(tmp_path / "c.mp4", n=5)
+    pipe, seen = FakeDense("seg"), []
+
+    def gpu_infer(preps: list[np.ndarray], **opts: Any) -> list[np.ndarray]:
+        seen.append(len(preps))
+        return [p.copy() for p in preps]
+
+    assert run_video(pipe, clip, tmp_path / "o", batch_size=2, infer=gpu_infer).frames == 5
+    assert seen == [2, 2, 1] and pipe.batches == []  # the pipeline's own infer never ran
+    with pytest.raises(OptionError, match="returned 1 results for 2 frames"):
+        run_video(pipe, clip, tmp_path / "o2", batch_size=2, infer=lambda preps, **o: preps[:1])
+
+
 def test_single_call_pipelines_are_adapted() -> None:
     class Single:
         def __call__(self, intake: Any, **opts: Any) -> tuple[Any, dict]:
@@ -224,9 +239,10 @@ def test_single_call_pipelines_are_adapted() -> None:
 # ---------------------------------------------------------------- real tiny pipelines
 
 
-def test_real_tiny_pose_and_seg_pipelines_run_on_a_clip(
+def test_real_tiny_pose_seg_and_matting_pipelines_run_on_a_clip(
     tiny_checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
+    from sapiens2.tasks.matting import MattingPipeline
     from sapiens2.tasks.pose import PosePipeline
     from sapiens2.tasks.seg import SegPipeline
 
@@ -243,3 +259,8 @@ def test_real_tiny_pose_and_seg_pipelines_run_on_a_clip(
     r = run_video(seg, clip, tmp_path / "seg", render_options={"opacity": 0.7})
     assert count_frames(r.video)[:2] == (3, pytest.approx(10.0)) and r.size == (W, 64)
     assert np.load(r.files[1])["labels"].shape == (3, 64, 96)
+    matting = MattingPipeline(checkpoint=tiny_checkpoints["matting"], device="cpu")
+    matting.input_hw = (128, 96)
+    r = run_video(matting, clip, tmp_path / "matting", render_options={"background": "#ffffff"})
+    alpha = np.load(r.files[1])["alpha"]
+    assert alpha.shape == (3, 64, 96) and alpha.dtype == np.float16 and count_frames(r.video)[0] == 3

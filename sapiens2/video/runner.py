@@ -38,6 +38,7 @@ from .reader import VideoInfo, VideoLimits, check_stride, iter_frames, planned_f
 from .writer import VIDEO_SUFFIX, VideoWriter
 
 Progress = Callable[[int, int | None], None]  # (frames done, frames planned or None if unknown)
+Infer = Callable[..., list]  # (preps, **options) -> raws: the batch's device work
 VIDEO_TASKS = ("pose", "seg", "normal", "pointmap", "matting")
 MAX_BATCH = 64
 
@@ -157,7 +158,14 @@ def _batches(frames: Iterator[tuple[int, np.ndarray]], size: int, timing: dict[s
 
 
 def _run_batch(
-    stages: Any, handler: FrameHandler, batch: list, k0: int, fps: float, opts: dict, timing: dict
+    stages: Any,
+    infer: Infer,
+    handler: FrameHandler,
+    batch: list,
+    k0: int,
+    fps: float,
+    opts: dict,
+    timing: dict,
 ) -> list:
     """Infer one batch; returns the rendered frames to write now (in order)."""
     items = []
@@ -167,8 +175,11 @@ def _run_batch(
     todo = [(intake, fo) for _, _, intake, fo in items if fo is not None]
     preps = [stages.prepare(intake, **opts, **fo) for intake, fo in todo]
     t0 = time.perf_counter()
-    raws = iter(stages.infer(preps, **opts) if preps else [])
+    raw_list = list(infer(preps, **opts)) if preps else []
     timing["infer_s"] += time.perf_counter() - t0
+    if len(raw_list) != len(preps):
+        raise OptionError(f"The pipeline's infer returned {len(raw_list)} results for {len(preps)} frames.")
+    raws = iter(raw_list)
     out = []
     for j, (frame, rgb, intake, fo) in enumerate(items):
         result = None if fo is None else stages.finish(next(raws), intake, **opts, **fo)
@@ -178,6 +189,34 @@ def _run_batch(
         if rendered is not None:
             out.append(rendered)
     return out
+
+
+def _process(
+    plan: VideoPlan,
+    limits: VideoLimits,
+    stages: Any,
+    infer: Infer,
+    handler: FrameHandler,
+    writer: VideoWriter,
+    opts: dict,
+    timing: dict,
+    batch_size: int,
+    progress: Progress | None,
+) -> tuple[int, tuple[int, int]]:
+    """Every batch through the pipeline into the writer, then the deferred frames; returns
+    (frames processed, (width, height))."""
+    done, size = 0, (0, 0)
+    frames = iter_frames(plan.info, stride=plan.stride, limits=limits)
+    for batch in _batches(frames, batch_size, timing):
+        size = size if done else (batch[0][1].shape[1], batch[0][1].shape[0])
+        for rendered in _run_batch(stages, infer, handler, batch, done, plan.info.fps, opts, timing):
+            writer.write(rendered)
+        done += len(batch)
+        if progress is not None:
+            progress(done, plan.frames)
+    for rendered in handler.deferred():
+        writer.write(rendered)
+    return done, size
 
 
 def run_video(
@@ -196,6 +235,7 @@ def run_video(
     depth_percentiles: tuple[float, float] = (1.0, 99.0),
     raw_cap_bytes: int = RAW_CAP_BYTES,
     progress: Progress | None = None,
+    infer: Infer | None = None,
     name: str | None = None,
 ) -> VideoResult:
     """Run ``pipe`` (a task pipeline) on every ``stride``-th frame of the clip at ``source``.
@@ -204,7 +244,9 @@ def run_video(
     score_threshold, max_people for the detector; normal: remove_background; pointmap:
     use_segmentation). ``render_options``: pose: threshold, show_face, body_only, show_boxes,
     show_ids; seg/normal/matting: their result's ``render`` options. ``progress(done, planned)``
-    after every batch. Writes ``<name>_<task>.webm`` and the downloads into ``out_dir``.
+    after every batch. ``infer``: runs a batch's device work instead of ``pipe.infer`` (e.g. a
+    ZeroGPU function taking the picklable preps; ``detect`` is pose's other device hook).
+    Writes ``<name>_<task>.webm`` and the downloads into ``out_dir``.
     Raises InputVideoError (bad clip, limits), OptionError, VideoEncodeError.
     """
     t_start = time.perf_counter()
@@ -226,19 +268,20 @@ def run_video(
     stem = name or file_stem(plan.info.path.name, "clip")
     writer = VideoWriter(safe_path(out, stem, f"_{task}{VIDEO_SUFFIX}"), plan.fps_out)
     timing = {"decode_s": 0.0, "infer_s": 0.0, "model_s": 0.0}
-    done, size = 0, None
     try:
         with writer:
-            frames = iter_frames(plan.info, stride=stride, limits=limits)
-            for batch in _batches(frames, batch_size, timing):
-                size = size or (batch[0][1].shape[1], batch[0][1].shape[0])
-                for rendered in _run_batch(stages, handler, batch, done, plan.info.fps, opts, timing):
-                    writer.write(rendered)
-                done += len(batch)
-                if progress is not None:
-                    progress(done, plan.frames)
-            for rendered in handler.deferred():
-                writer.write(rendered)
+            done, size = _process(
+                plan,
+                limits,
+                stages,
+                infer or stages.infer,
+                handler,
+                writer,
+                opts,
+                timing,
+                batch_size,
+                progress,
+            )
             video = writer.close()
     except BaseException:
         with contextlib.suppress(OSError):
