@@ -163,3 +163,15 @@ def test_writer_pads_odd_sizes_and_checks_its_input(tmp_path: Path) -> None:
         VideoWriter(tmp_path / "x.mp4", 10)
     with pytest.raises(OptionError, match="frame rate"):
         VideoWriter(tmp_path / "x.webm", float("inf"))
+
+
+def test_a_real_h264_mp4_with_audio_reads(tmp_path: Path) -> None:
+    """H.264 MP4 (what phones and most tools write): Gradio ships one, with an audio track."""
+    gradio = pytest.importorskip("gradio")
+    sample = Path(gradio.__file__).parent / "media_assets" / "videos" / "b.mp4"
+    if not sample.exists():
+        pytest.skip(f"Gradio's sample video is not at {sample}")
+    info = probe_video(sample)
+    assert (info.container, info.width, info.height, info.fps) == ("mp4/mov", 480, 270, 30.0)
+    frames = list(iter_frames(info, stride=30))
+    assert [i for i, _ in frames] == [0, 30, 60, 90, 120] and frames[0][1].shape == (270, 480, 3)
