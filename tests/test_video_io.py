@@ -175,3 +175,8 @@ def test_a_real_h264_mp4_with_audio_reads(tmp_path: Path) -> None:
     assert (info.container, info.width, info.height, info.fps) == ("mp4/mov", 480, 270, 30.0)
     frames = list(iter_frames(info, stride=30))
     assert [i for i, _ in frames] == [0, 30, 60, 90, 120] and frames[0][1].shape == (270, 480, 3)
+
+
+def test_an_unbelievable_frame_rate_falls_back_with_a_notice(tmp_path: Path) -> None:
+    info = probe_video(write_clip(tmp_path / "fast.webm", n=3, fps=500.0))
+    assert info.fps == 25.0 and "25 fps is assumed" in info.notices[0]

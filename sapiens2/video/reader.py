@@ -7,7 +7,8 @@ failure is an :class:`~sapiens2.errors.InputVideoError` saying what to do.
 
 Limits (:class:`VideoLimits`) are checked on the header first and again while decoding, since a
 header can lie: the file size, the clip's duration, the number of frames kept after the stride,
-and the frame size. Frames larger than ``max_side`` are downscaled (INTER_AREA) on the way in.
+and the frame size. Decoding therefore stops after max_seconds x fps frames (fps <= 240 is
+believed, anything else becomes 25 with a notice) whatever the stride. Frames larger than ``max_side`` are downscaled (INTER_AREA) on the way in.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from ..errors import InputVideoError, OptionError
 
 FALLBACK_FPS = 25.0
-_MAX_FPS = 1000.0
+_MAX_FPS = 240.0  # high-speed phone video; beyond, the header is not believed
 _FORMATS = "MP4, MOV, WebM or GIF"
 # ISO base media (MP4/MOV/M4V/3GP) files start with a box whose type sits at bytes 4..8
 _BMFF_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"pnot")
