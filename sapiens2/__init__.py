@@ -9,7 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import CheckpointError, InputImageError, OptionError, Sapiens2Error, WeightsUnavailableError
+from .errors import (
+    CheckpointError,
+    InputImageError,
+    InputVideoError,
+    OptionError,
+    Sapiens2Error,
+    WeightsUnavailableError,
+)
 from .zoo import TASKS, get_task
 
 __version__ = "0.1.0"
@@ -36,6 +43,7 @@ __all__ = [
     "TASKS",
     "CheckpointError",
     "InputImageError",
+    "InputVideoError",
     "OptionError",
     "Sapiens2Error",
     "WeightsUnavailableError",

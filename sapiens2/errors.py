@@ -29,3 +29,14 @@ class OutOfMemoryError(Sapiens2Error, MemoryError):
 
 class NotResidentError(Sapiens2Error):
     """A GPU function needed a model the server process had not loaded first (it never loads)."""
+
+
+class InputVideoError(InputImageError):
+    """An input video cannot be read or used (not a video, corrupt, too long, too large).
+
+    A subclass of InputImageError so that code handling bad uploads in general catches it too.
+    """
+
+
+class VideoEncodeError(Sapiens2Error):
+    """This installation cannot write a video that browsers play (no usable encoder)."""

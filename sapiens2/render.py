@@ -340,11 +340,14 @@ def depth_to_turbo(
     *,
     percentiles: tuple[float, float] = (1.0, 99.0),
     background: int | tuple[int, int, int] = 100,
+    bounds: tuple[float, float] | None = None,
 ) -> np.ndarray:
     """Turbo colours of inverse depth (1/Z) on the foreground; background grey.
 
-    Bounds: the foreground depth at the given percentiles; the near bound maps to the red end
-    of turbo (LUT[255]), the far bound to the blue end (LUT[0]), values beyond are clipped.
+    Bounds: the foreground depth at the given percentiles, or ``bounds=(near, far)`` in depth
+    units when given (e.g. one pair for every frame of a clip, so colours do not flicker); the
+    near bound maps to the red end of turbo (LUT[255]), the far bound to the blue end (LUT[0]),
+    values beyond are clipped.
     Foreground = mask & finite & Z > 0 (mask None: every such pixel). An empty foreground gives
     an all-background image.
     """
@@ -365,13 +368,23 @@ def depth_to_turbo(
     index = np.full(d.shape, 256, np.intp)
     if fg.any():
         vals = d[fg]
-        near, far = np.percentile(vals, [lo_p, hi_p])
+        near, far = np.percentile(vals, [lo_p, hi_p]) if bounds is None else _check_bounds(bounds)
         inv_near, inv_far = 1.0 / near, 1.0 / far
         span = inv_near - inv_far
         # a flat foreground (one depth) has no range: show it mid-scale instead of dividing by zero
         t = (1.0 / vals - inv_far) / span if span > 1e-12 * inv_near else np.full(vals.shape, 0.5)
         index[fg] = np.round(np.clip(t, 0.0, 1.0) * 255)
     return lut[index]  # one gather for the whole picture
+
+
+def _check_bounds(bounds: Any) -> tuple[float, float]:
+    try:
+        near, far = (float(v) for v in bounds)
+    except (TypeError, ValueError):
+        raise OptionError(f"Depth bounds must be two numbers (near, far), got {bounds!r}.") from None
+    if not (np.isfinite(near) and np.isfinite(far) and 0 < near <= far):
+        raise OptionError(f"Depth bounds must be (near, far) with 0 < near <= far, got {bounds!r}.")
+    return near, far
 
 
 # ---------------------------------------------------------------- matting

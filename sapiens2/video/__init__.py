@@ -1,0 +1,40 @@
+"""Video: a clip through a task pipeline in batches, rendered back to a browser-playable video.
+
+Modules, each usable alone: ``reader`` (checked decoding, limits), ``writer`` (VP8/WebM),
+``tracking`` (IoU tracker, stable person ids), ``smoothing`` (One-Euro filter), ``depth``
+(clip-wide depth colour bounds), ``exports`` (pose tracks JSON, NPZ under a cap), ``handlers``
+(per-task frame handling) and ``runner`` (:func:`run_video`). No UI code here.
+
+Public names are imported lazily, so ``import sapiens2.video`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "VideoLimits": ".reader",
+    "VideoInfo": ".reader",
+    "probe_video": ".reader",
+    "iter_frames": ".reader",
+    "VideoWriter": ".writer",
+    "IoUTracker": ".tracking",
+    "OneEuroFilter": ".smoothing",
+    "KeypointSmoother": ".smoothing",
+    "global_depth_bounds": ".depth",
+    "TrackingOptions": ".handlers",
+    "VideoPlan": ".runner",
+    "VideoResult": ".runner",
+    "VIDEO_TASKS": ".runner",
+    "plan_video": ".runner",
+    "run_video": ".runner",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'sapiens2.video' has no attribute {name!r}")

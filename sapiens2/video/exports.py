@@ -1,0 +1,175 @@
+"""Files a clip's run leaves for download: pose tracks as JSON, raw per-frame arrays as NPZ.
+
+Pose (one file per format, every frame in it; writers from :mod:`sapiens2.export` per frame):
+
+* ``<name>_pose_tracks.json``: ``{"format": "sapiens2-308-video", "fps", "frames": [{"frame",
+  "time_s", "image_size", "people": [{"track_id", "box", "box_score", "keypoints": [308 x
+  {name, x, y, score}]}]}]}``;
+* ``<name>_coco17.json``: COCO keypoints, one ``images`` entry per frame (``id`` = frame
+  index, ``frame_id``/``time_s``), annotations carrying ``track_id`` (as PoseTrack does);
+* ``<name>_openpose_body25.zip``: OpenPose's own layout, one ``<name>_<frame:012d>_keypoints.json``
+  per frame, ``person_id`` = [track id].
+
+Raw arrays: :class:`RawArrays` collects per-frame arrays while their total stays within a cap
+(:data:`RAW_CAP_BYTES`, counted uncompressed) and writes one uncompressed ``.npz`` with the
+frames stacked on axis 0. Beyond the cap nothing is kept and a notice says how much it would
+have needed: a capped download never holds a silently partial clip.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..export import coco17_json, jsonable, openpose_body25_json, pose_json, safe_path
+
+RAW_CAP_BYTES = 256 * 1024 * 1024
+
+
+class RawArrays:
+    """Per-frame arrays under a byte cap; ``write`` gives one NPZ (or None past the cap)."""
+
+    def __init__(self, cap_bytes: int = RAW_CAP_BYTES) -> None:
+        self.cap_bytes = int(cap_bytes)
+        self.needed = 0  # bytes the whole clip needs, counted even past the cap
+        self._frames: dict[str, list[np.ndarray]] = {}
+
+    @property
+    def over_cap(self) -> bool:
+        return self.needed > self.cap_bytes
+
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        self.needed += sum(int(a.nbytes) for a in arrays.values())
+        if self.over_cap:
+            self._frames.clear()  # past the cap: free what was kept, keep only counting
+            return
+        for key, arr in arrays.items():
+            self._frames.setdefault(key, []).append(arr)
+
+    def notice(self, what: str) -> str | None:
+        return cap_notice(what, self.needed, self.cap_bytes) if self.over_cap else None
+
+    def write(self, path: Path, extra: dict[str, np.ndarray] | None = None) -> Path | None:
+        if self.over_cap or not self._frames:
+            return None
+        return save_npz(path, {**{k: np.stack(v) for k, v in self._frames.items()}, **(extra or {})})
+
+
+def cap_notice(what: str, needed: int, cap: int) -> str:
+    return (
+        f"The raw {what} arrays of this clip would take {needed / 2**20:.0f} MB, above the "
+        f"{cap / 2**20:.0f} MB download cap, so no NPZ was written. Use fewer frames "
+        "(a larger stride) or a shorter clip."
+    )
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Uncompressed NPZ (fast to write; ``np.load`` reads it without pickle)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    return path
+
+
+@dataclass
+class PoseFrame:
+    """One processed frame's people, in track order."""
+
+    frame: int  # source frame index
+    time_s: float
+    track_ids: list[int]
+    boxes: np.ndarray  # (P, 4)
+    box_scores: np.ndarray  # (P,)
+    keypoints: np.ndarray  # (P, 308, 2) as drawn (smoothed when smoothing is on)
+    keypoints_raw: np.ndarray  # (P, 308, 2) as the model gave them
+    scores: np.ndarray  # (P, 308)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(jsonable(obj), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def write_pose_tracks(
+    out_dir: Path,
+    name: str,
+    frames: list[PoseFrame],
+    *,
+    size: tuple[int, int],
+    fps: float,
+    meta: dict[str, Any],
+) -> Path:
+    """``<name>_pose_tracks.json``, written frame by frame (never one giant string)."""
+    path = safe_path(out_dir, name, "_pose_tracks.json")
+    head = {"format": "sapiens2-308-video", "fps": fps, "image_size": {"width": size[0], "height": size[1]}}
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(_dumps({**head, **meta})[:-1] + ',"frames":[')
+        for i, fr in enumerate(frames):
+            doc = pose_json(fr.keypoints, fr.scores, fr.boxes, image_size=size, box_scores=fr.box_scores)
+            for person, tid in zip(doc["people"], fr.track_ids, strict=True):
+                person["track_id"] = tid
+            f.write(
+                ("," if i else "") + _dumps({"frame": fr.frame, "time_s": fr.time_s, "people": doc["people"]})
+            )
+        f.write("]}")
+    return path
+
+
+def write_coco_tracks(
+    out_dir: Path, name: str, frames: list[PoseFrame], *, size: tuple[int, int], threshold: float
+) -> Path:
+    """``<name>_coco17.json``: one image per frame, annotations with ``track_id``."""
+    images, annotations, categories = [], [], None
+    for fr in frames:
+        doc = coco17_json(
+            fr.keypoints, fr.scores, fr.boxes, image_size=size, box_scores=fr.box_scores,
+            threshold=threshold, image_id=fr.frame,
+        )  # fmt: skip
+        categories = doc["categories"]
+        images.append({**doc["images"][0], "frame_id": fr.frame, "time_s": fr.time_s})
+        for ann, tid in zip(doc["annotations"], fr.track_ids, strict=True):
+            annotations.append({**ann, "id": len(annotations) + 1, "track_id": tid})
+    if categories is None:
+        categories = coco17_json(np.zeros((0, 308, 2)), np.zeros((0, 308)), None, image_size=size)[
+            "categories"
+        ]
+    path = safe_path(out_dir, name, "_coco17.json")
+    path.write_text(_dumps({"images": images, "annotations": annotations, "categories": categories}), "utf-8")
+    return path
+
+
+def write_openpose_zip(out_dir: Path, name: str, frames: list[PoseFrame], *, threshold: float) -> Path:
+    """``<name>_openpose_body25.zip``: OpenPose's per-frame JSON files, ``person_id`` = track id."""
+    path = safe_path(out_dir, name, "_openpose_body25.zip")
+    stem = safe_path(out_dir, name, "").name
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        for fr in frames:
+            doc = openpose_body25_json(fr.keypoints, fr.scores, threshold=threshold)
+            for person, tid in zip(doc["people"], fr.track_ids, strict=True):
+                person["person_id"] = [tid]
+            z.writestr(f"{stem}_{fr.frame:012d}_keypoints.json", _dumps(doc))
+    return path
+
+
+def pose_arrays(frames: list[PoseFrame]) -> dict[str, np.ndarray]:
+    """Frames padded to the most people in any frame (track id -1 and NaN mark padding)."""
+    n, p = len(frames), max([len(f.track_ids) for f in frames] or [0])
+    out = {
+        "frame": np.array([f.frame for f in frames], np.int64),
+        "time_s": np.array([f.time_s for f in frames], np.float64),
+        "track_ids": np.full((n, p), -1, np.int32),
+        "boxes": np.full((n, p, 4), np.nan, np.float32),
+        "keypoints": np.full((n, p, 308, 2), np.nan, np.float32),
+        "keypoints_raw": np.full((n, p, 308, 2), np.nan, np.float32),
+        "scores": np.full((n, p, 308), np.nan, np.float32),
+    }
+    for i, f in enumerate(frames):
+        k = len(f.track_ids)
+        out["track_ids"][i, :k] = f.track_ids
+        out["boxes"][i, :k], out["scores"][i, :k] = f.boxes, f.scores
+        out["keypoints"][i, :k], out["keypoints_raw"][i, :k] = f.keypoints, f.keypoints_raw
+    return out

@@ -1,0 +1,298 @@
+"""What happens to each frame of a clip, per kind of task, around the shared batch loop.
+
+A handler answers three questions for :func:`sapiens2.video.runner.run_video`:
+
+* ``options_for(k, rgb)``: the per-frame options for ``prepare``/``finish`` (pose: the person
+  boxes from the detector or the tracker), or None when the frame has nothing to infer;
+* ``consume(k, frame, time_s, rgb, result)``: the rendered frame to write now, or None when it
+  can only be rendered at the end (depth: its colour scale needs the whole clip);
+* ``deferred()`` and ``exports(...)``: frames rendered after the last batch, and the downloads.
+
+Rendering reuses :mod:`sapiens2.render` and the results' own ``render``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from ..errors import OptionError
+from ..export import safe_path
+from ..render import draw_pose, pose_style
+from .depth import foreground_depth, global_depth_bounds, render_depth_frame
+from .exports import (
+    PoseFrame,
+    RawArrays,
+    cap_notice,
+    pose_arrays,
+    save_npz,
+    write_coco_tracks,
+    write_openpose_zip,
+    write_pose_tracks,
+)
+from .smoothing import KeypointSmoother
+from .tracking import IoUTracker
+
+MAX_NOTICES = 8
+Detect = Callable[[np.ndarray], Any]  # rgb -> sapiens2.detect.Detections (or anything with .boxes)
+
+
+class FrameHandler:
+    """Base: every frame inferred, rendered at once by ``result.render(**render_options)``."""
+
+    def __init__(self, render_options: Mapping[str, Any], raw_cap: int) -> None:
+        self.render_options = dict(render_options)
+        self.raw = RawArrays(raw_cap)
+        self.notices: list[str] = []
+        self.dropped_notices = 0
+
+    def note(self, text: str) -> None:
+        """Keep a notice once; past MAX_NOTICES distinct ones (e.g. one per frame), only count."""
+        if text in self.notices:
+            return
+        if len(self.notices) < MAX_NOTICES:
+            self.notices.append(text)
+        else:
+            self.dropped_notices += 1
+
+    def options_for(self, k: int, rgb: np.ndarray) -> dict[str, Any] | None:
+        return {}
+
+    def consume(self, k: int, frame: int, time_s: float, rgb: np.ndarray, result: Any) -> np.ndarray | None:
+        raise NotImplementedError  # pragma: no cover - every handler overrides it
+
+    def deferred(self) -> Iterator[np.ndarray]:
+        return iter(())
+
+    def exports(self, out_dir: Path, name: str, *, fps: float, size: tuple[int, int]) -> list[Path]:
+        return []
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+
+# per task: result attribute -> dtype it is kept in (None: as it is)
+RAW_FIELDS: dict[str, dict[str, Any]] = {
+    "seg": {"labels": None},
+    "normal": {"normals": np.float16, "mask": None},
+    "matting": {"alpha": np.float16},
+    "pointmap": {"depth": np.float32, "mask": None},
+}
+
+
+class DenseFrames(FrameHandler):
+    """Seg, normals, matting: each frame rendered as its photo result would be."""
+
+    def __init__(self, task: str, render_options: Mapping[str, Any], raw_cap: int) -> None:
+        super().__init__(render_options, raw_cap)
+        self.task = task
+        self.fields = RAW_FIELDS.get(task, {})
+
+    def keep_raw(self, result: Any) -> None:
+        arrays = {}
+        for key, dtype in self.fields.items():
+            value = getattr(result, key, None)
+            if value is not None:
+                arr = np.asarray(value)
+                if dtype is np.float16:
+                    arr = np.nan_to_num(arr).astype(np.float16)  # as the photo exports: NaN -> 0
+                elif dtype is not None:
+                    arr = arr.astype(dtype)
+                arrays[key] = arr
+        if arrays:
+            self.raw.add(arrays)
+
+    def consume(self, k: int, frame: int, time_s: float, rgb: np.ndarray, result: Any) -> np.ndarray | None:
+        self.keep_raw(result)
+        for n in getattr(result, "notices", []):
+            self.note(n)
+        return result.render(**self.render_options)
+
+    def exports(self, out_dir: Path, name: str, *, fps: float, size: tuple[int, int]) -> list[Path]:
+        path = self.raw.write(safe_path(out_dir, name, f"_{self.task}_frames.npz"), {"fps": np.float64(fps)})
+        notice = self.raw.notice(self.task)
+        if notice:
+            self.note(notice)
+        return [path] if path else []
+
+
+class DepthFrames(DenseFrames):
+    """Pointmap depth: frames kept, rendered at the end with the clip's 1st/99th percentiles."""
+
+    def __init__(
+        self, render_options: Mapping[str, Any], raw_cap: int, percentiles: tuple[float, float]
+    ) -> None:
+        super().__init__("pointmap", render_options, raw_cap)
+        self.percentiles = percentiles
+        self.depths: list[np.ndarray] = []
+        self.bounds: tuple[float, float] | None = None
+
+    def consume(self, k: int, frame: int, time_s: float, rgb: np.ndarray, result: Any) -> np.ndarray | None:
+        self.keep_raw(result)
+        for n in getattr(result, "notices", []):
+            self.note(n)
+        self.depths.append(foreground_depth(result.depth, result.mask))
+        return None
+
+    def deferred(self) -> Iterator[np.ndarray]:
+        self.bounds = global_depth_bounds(self.depths, self.percentiles)
+        if self.bounds is None:
+            self.note("No frame has foreground depth: every frame is shown as background.")
+        for i, depth in enumerate(self.depths):
+            yield render_depth_frame(depth, self.bounds)
+            self.depths[i] = depth[:0]  # rendered: release the frame's memory
+
+    def summary(self) -> dict[str, Any]:
+        return {"depth_bounds_m": None if self.bounds is None else list(self.bounds)}
+
+
+@dataclass(frozen=True)
+class TrackingOptions:
+    """Pose over time. ``detect_every``: run the person detector on every K-th PROCESSED frame
+    (1 = every frame); boxes are carried by the tracker in between. See
+    :mod:`sapiens2.video.tracking` and :mod:`sapiens2.video.smoothing` for the others."""
+
+    detect_every: int = 5
+    iou_threshold: float = 0.3
+    max_lost: int = 30
+    follow_keypoints: bool = True
+    smoothing: bool = True
+    min_cutoff: float = 1.0
+    beta: float = 0.05
+    d_cutoff: float = 1.0
+
+    def __post_init__(self) -> None:
+        k = self.detect_every
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1000:
+            raise OptionError(f"detect_every must be a whole number from 1 to 1000, got {k!r}.")
+
+
+def clip_boxes(boxes: np.ndarray, w: int, h: int, min_side: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+    """(P, 4) boxes clipped to the frame and (P,) bool: still at least ``min_side`` px each way."""
+    b = np.asarray(boxes, np.float64).reshape(-1, 4).copy()
+    b[:, 0::2] = b[:, 0::2].clip(0, w)
+    b[:, 1::2] = b[:, 1::2].clip(0, h)
+    return b, ((b[:, 2] - b[:, 0]) >= min_side) & ((b[:, 3] - b[:, 1]) >= min_side)
+
+
+def label_tracks(canvas: np.ndarray, boxes: np.ndarray, track_ids: list[int]) -> np.ndarray:
+    """``#id`` written at each box's top-left corner (white on black, sized like the skeleton)."""
+    thickness, _ = pose_style(*canvas.shape[:2])
+    scale = 0.4 * thickness
+    for (x1, y1, _, _), tid in zip(np.nan_to_num(boxes).astype(int), track_ids, strict=True):
+        text = f"#{tid}"
+        (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, thickness)
+        y = max(th + base, y1)
+        cv2.rectangle(canvas, (x1, y - th - base), (x1 + tw, y), (0, 0, 0), -1)
+        cv2.putText(
+            canvas,
+            text,
+            (x1, y - base),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            scale,
+            (255, 255, 255),
+            thickness,
+            cv2.LINE_AA,
+        )
+    return canvas
+
+
+class PoseFrames(FrameHandler):
+    """Pose with tracks: detector every K frames, tracker between, One-Euro on each track."""
+
+    def __init__(
+        self, render_options: Mapping[str, Any], raw_cap: int, tracking: TrackingOptions, detect: Detect
+    ) -> None:
+        opts = {
+            "threshold": 0.3,
+            "show_face": True,
+            "body_only": False,
+            "show_boxes": False,
+            "show_ids": True,
+        }
+        unknown = set(render_options) - set(opts)
+        if unknown:
+            raise OptionError(
+                f"Unknown pose video render option(s) {sorted(unknown)}; allowed: {sorted(opts)}."
+            )
+        super().__init__({**opts, **render_options}, raw_cap)
+        self.tracking, self.detect = tracking, detect
+        self.tracker = IoUTracker(
+            iou_threshold=tracking.iou_threshold, max_lost=tracking.max_lost,
+            follow_keypoints=tracking.follow_keypoints, point_threshold=self.render_options["threshold"],
+        )  # fmt: skip
+        self.smoother = KeypointSmoother(
+            enabled=tracking.smoothing, min_cutoff=tracking.min_cutoff, beta=tracking.beta,
+            d_cutoff=tracking.d_cutoff, score_threshold=self.render_options["threshold"],
+        )  # fmt: skip
+        self.frames: list[PoseFrame] = []
+        self._pending: dict[int, tuple[list[int], np.ndarray, np.ndarray]] = {}
+
+    def options_for(self, k: int, rgb: np.ndarray) -> dict[str, Any] | None:
+        if k % self.tracking.detect_every == 0:
+            found = self.detect(rgb)
+            for n in getattr(found, "notices", []):
+                self.note(n)
+            boxes = np.asarray(found.boxes, np.float64).reshape(-1, 4)
+            ids = self.tracker.update(k, boxes)
+            box_scores = np.asarray(getattr(found, "scores", np.ones(len(boxes))), np.float32).reshape(-1)
+        else:  # carried: nobody scored these boxes on this frame
+            ids, boxes = self.tracker.carry()
+            box_scores = np.full(len(ids), np.nan, np.float32)
+        boxes, keep = clip_boxes(boxes, rgb.shape[1], rgb.shape[0])
+        ids = [i for i, ok in zip(ids, keep, strict=True) if ok]
+        self._pending[k] = (ids, boxes[keep], box_scores[keep])
+        return {"boxes": boxes[keep].astype(np.float32)} if ids else None
+
+    def consume(self, k: int, frame: int, time_s: float, rgb: np.ndarray, result: Any) -> np.ndarray | None:
+        ids, boxes, box_scores = self._pending.pop(k)
+        raw = (
+            np.zeros((0, 308, 2), np.float32) if result is None else np.asarray(result.keypoints, np.float32)
+        )
+        scores = np.zeros((0, 308), np.float32) if result is None else np.asarray(result.scores, np.float32)
+        if len(raw) != len(ids):
+            raise OptionError(f"The pose pipeline returned {len(raw)} people for {len(ids)} boxes.")
+        for n in getattr(result, "notices", []):
+            self.note(n)
+        smooth = np.array(
+            [self.smoother(time_s, t, raw[p], scores[p]) for p, t in enumerate(ids)], np.float32
+        )
+        smooth = smooth.reshape(raw.shape)
+        for p, t in enumerate(ids):
+            self.tracker.observe(t, raw[p], scores[p])
+        self.frames.append(
+            PoseFrame(frame, time_s, ids, boxes.astype(np.float32), box_scores, smooth, raw, scores)
+        )
+        o = self.render_options
+        canvas = draw_pose(
+            rgb, smooth, scores, threshold=o["threshold"], show_face=o["show_face"],
+            body_only=o["body_only"], boxes=boxes if o["show_boxes"] else None,
+        )  # fmt: skip
+        return label_tracks(canvas, boxes, ids) if o["show_ids"] else canvas
+
+    def exports(self, out_dir: Path, name: str, *, fps: float, size: tuple[int, int]) -> list[Path]:
+        thr = float(self.render_options["threshold"])
+        meta = {"tracking": {**self.tracking.__dict__}, "keypoint_threshold": thr}
+        paths = [
+            write_pose_tracks(out_dir, name, self.frames, size=size, fps=fps, meta=meta),
+            write_coco_tracks(out_dir, name, self.frames, size=size, threshold=thr),
+            write_openpose_zip(out_dir, name, self.frames, threshold=thr),
+        ]
+        arrays = {**pose_arrays(self.frames), "fps": np.float64(fps)}
+        needed = sum(int(a.nbytes) for a in arrays.values())
+        if needed <= self.raw.cap_bytes:
+            paths.append(save_npz(safe_path(out_dir, name, "_pose_frames.npz"), arrays))
+        else:
+            self.note(cap_notice("pose", needed, self.raw.cap_bytes))
+        return paths
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tracks": self.tracker.ids_issued,
+            "people_max": max([len(f.track_ids) for f in self.frames] or [0]),
+        }

@@ -1,0 +1,316 @@
+"""A clip through a task pipeline, in batches: decode -> prepare -> ONE infer per batch -> finish
+-> render -> VP8/WebM, plus the downloads, into one folder.
+
+The pipeline is used through its three stages (docs: the pipeline contract)::
+
+    prep = pipe.prepare(intake, **options, **frame_options)   # per frame (CPU)
+    raws = pipe.infer([prep, ...], **options)                  # once per batch (device)
+    result = pipe.finish(raw, intake, **options, **frame_options)  # per frame (CPU)
+
+``frame_options`` are what differs per frame (pose: the person boxes the detector or the
+tracker chose), so ``infer`` must take them from each ``prep``. A pipeline without the three
+stages is wrapped by :class:`OneCallPerFrame` (one forward per frame, no batching), which keeps
+the runner usable with the single-call pipelines.
+
+Pose runs the person detector itself (``detect``), on every K-th frame, BEFORE the batch's
+prepare: the frames after a detection in the same batch already get its boxes, and every frame
+reaches the pose model with caller boxes, so the pose forward stays one per batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import OptionError
+from ..export import file_stem, safe_path
+from ..imaging import Intake, load_image
+from .exports import RAW_CAP_BYTES
+from .handlers import DenseFrames, DepthFrames, Detect, FrameHandler, PoseFrames, TrackingOptions
+from .reader import VideoInfo, VideoLimits, check_stride, iter_frames, planned_frames, probe_video
+from .writer import VIDEO_SUFFIX, VideoWriter
+
+Progress = Callable[[int, int | None], None]  # (frames done, frames planned or None if unknown)
+Infer = Callable[..., list]  # (preps, **options) -> raws: the batch's device work
+VIDEO_TASKS = ("pose", "seg", "normal", "pointmap", "matting")
+MAX_BATCH = 64
+
+
+class OneCallPerFrame:
+    """The three stages over a single-call pipeline ``pipe(intake, **options) -> result``."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+
+    def prepare(self, intake: Intake, **options: Any) -> tuple[Intake, dict[str, Any]]:
+        return intake, options
+
+    def infer(self, preps: list[tuple[Intake, dict[str, Any]]], **_: Any) -> list[Any]:
+        return [self.pipe(intake, **options) for intake, options in preps]
+
+    def finish(self, raw: Any, intake: Intake, **_: Any) -> Any:
+        return raw
+
+
+def staged(pipe: Any) -> Any:
+    """The pipeline itself when it has prepare/infer/finish, else :class:`OneCallPerFrame`."""
+    if all(callable(getattr(pipe, n, None)) for n in ("prepare", "infer", "finish")):
+        return pipe
+    return OneCallPerFrame(pipe)
+
+
+@dataclass
+class VideoPlan:
+    """A checked clip before any inference: what the UI shows (and estimates time from) first."""
+
+    info: VideoInfo
+    stride: int
+    frames: int | None  # frames that will be processed by the header (None: header gives no count)
+
+    @property
+    def fps_out(self) -> float:
+        return self.info.fps / self.stride
+
+
+def plan_video(source: str | Path, *, stride: int = 1, limits: VideoLimits = VideoLimits()) -> VideoPlan:
+    """Probe and check a clip; raises InputVideoError (not a video, too big, too long, too many
+    frames by its header) before anything expensive runs."""
+    info = probe_video(source, limits)
+    n = planned_frames(info, check_stride(stride), limits) if info.frame_count else None
+    return VideoPlan(info, stride, n)
+
+
+@dataclass
+class VideoResult:
+    """A processed clip: the rendered video and the downloads, all inside ``out_dir``."""
+
+    task: str
+    video: Path  # rendered clip, VP8 in WebM, silent
+    files: list[Path]  # downloads: the video first, then JSON / ZIP / NPZ
+    source: VideoInfo
+    frames: int  # frames processed (= frames in the output video)
+    fps: float  # output frame rate = source fps / stride (so the duration is kept)
+    size: tuple[int, int]  # (width, height) of the output frames (even-padded in the video)
+    codec: str  # fourcc actually used ("VP80"; "VP90" only if VP8 cannot be opened)
+    notices: list[str] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=dict)  # decode_s, infer_s, model_s, total_s
+    details: dict[str, Any] = field(default_factory=dict)  # pose: tracks; pointmap: depth bounds
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly description for UIs, logs and the API."""
+        return {
+            "task": self.task,
+            "frames": self.frames,
+            "fps": round(self.fps, 4),
+            "source_fps": round(self.source.fps, 4),
+            "size": list(self.size),
+            "codec": self.codec,
+            "audio": "dropped",
+            "files": [p.name for p in self.files],
+            "notices": list(self.notices),
+            "timing": {k: round(v, 3) for k, v in self.timing.items()},
+            **self.details,
+        }
+
+
+def default_detect(pipe: Any, options: Mapping[str, Any]) -> Detect:
+    """Person detection as the photo pose pipeline does it (its detector, threshold, cap)."""
+    from ..detect import detect_people
+
+    def detect(rgb: np.ndarray) -> Any:
+        return detect_people(
+            rgb,
+            detector=getattr(pipe, "detector", "auto"),
+            score_threshold=options.get("score_threshold", 0.3),
+            max_people=options.get("max_people", 20),
+            device=getattr(pipe, "device", None),
+        )
+
+    return detect
+
+
+def _handler(
+    task: str, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
+) -> FrameHandler:
+    if task == "pose":
+        detect = kw["detect"] or default_detect(pipe, options)
+        return PoseFrames(render, kw["raw_cap"], kw["tracking"], detect)
+    if task == "pointmap":
+        return DepthFrames(render, kw["raw_cap"], kw["depth_percentiles"])
+    return DenseFrames(task, render, kw["raw_cap"])
+
+
+def _batches(frames: Iterator[tuple[int, np.ndarray]], size: int, timing: dict[str, float]) -> Iterator[list]:
+    while True:
+        t0 = time.perf_counter()
+        batch = list(islice(frames, size))
+        timing["decode_s"] += time.perf_counter() - t0
+        if not batch:
+            return
+        yield batch
+
+
+def _run_batch(
+    stages: Any,
+    infer: Infer,
+    handler: FrameHandler,
+    batch: list,
+    k0: int,
+    fps: float,
+    opts: dict,
+    timing: dict,
+) -> list:
+    """Infer one batch; returns the rendered frames to write now (in order)."""
+    items = []
+    for j, (frame, rgb) in enumerate(batch):
+        frame_opts = handler.options_for(k0 + j, rgb)
+        items.append((frame, rgb, load_image(rgb), frame_opts))
+    todo = [(intake, fo) for _, _, intake, fo in items if fo is not None]
+    preps = [stages.prepare(intake, **opts, **fo) for intake, fo in todo]
+    t0 = time.perf_counter()
+    raw_list = list(infer(preps, **opts)) if preps else []
+    timing["infer_s"] += time.perf_counter() - t0
+    if len(raw_list) != len(preps):
+        raise OptionError(f"The pipeline's infer returned {len(raw_list)} results for {len(preps)} frames.")
+    raws = iter(raw_list)
+    out = []
+    for j, (frame, rgb, intake, fo) in enumerate(items):
+        result = None if fo is None else stages.finish(next(raws), intake, **opts, **fo)
+        info = getattr(result, "info", None)
+        timing["model_s"] += float(getattr(info, "model_s", 0.0) or 0.0)
+        rendered = handler.consume(k0 + j, frame, frame / fps, rgb, result)
+        if rendered is not None:
+            out.append(rendered)
+    return out
+
+
+def _process(
+    plan: VideoPlan,
+    limits: VideoLimits,
+    stages: Any,
+    infer: Infer,
+    handler: FrameHandler,
+    writer: VideoWriter,
+    opts: dict,
+    timing: dict,
+    batch_size: int,
+    progress: Progress | None,
+) -> tuple[int, tuple[int, int]]:
+    """Every batch through the pipeline into the writer, then the deferred frames; returns
+    (frames processed, (width, height))."""
+    done, size = 0, (0, 0)
+    frames = iter_frames(plan.info, stride=plan.stride, limits=limits)
+    for batch in _batches(frames, batch_size, timing):
+        size = size if done else (batch[0][1].shape[1], batch[0][1].shape[0])
+        for rendered in _run_batch(stages, infer, handler, batch, done, plan.info.fps, opts, timing):
+            writer.write(rendered)
+        done += len(batch)
+        if progress is not None:
+            progress(done, plan.frames)
+    for rendered in handler.deferred():
+        writer.write(rendered)
+    return done, size
+
+
+def run_video(
+    pipe: Any,
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    task: str | None = None,
+    stride: int = 1,
+    limits: VideoLimits = VideoLimits(),
+    batch_size: int = 8,
+    options: Mapping[str, Any] | None = None,
+    render_options: Mapping[str, Any] | None = None,
+    tracking: TrackingOptions = TrackingOptions(),
+    detect: Detect | None = None,
+    depth_percentiles: tuple[float, float] = (1.0, 99.0),
+    raw_cap_bytes: int = RAW_CAP_BYTES,
+    progress: Progress | None = None,
+    infer: Infer | None = None,
+    name: str | None = None,
+) -> VideoResult:
+    """Run ``pipe`` (a task pipeline) on every ``stride``-th frame of the clip at ``source``.
+
+    ``options``: the task's inference options, passed to prepare/infer/finish (pose: flip_test,
+    score_threshold, max_people for the detector; normal: remove_background; pointmap:
+    use_segmentation). ``render_options``: pose: threshold, show_face, body_only, show_boxes,
+    show_ids; seg/normal/matting: their result's ``render`` options. ``progress(done, planned)``
+    after every batch. ``infer``: runs a batch's device work instead of ``pipe.infer`` (e.g. a
+    ZeroGPU function taking the picklable preps; ``detect`` is pose's other device hook).
+    Writes ``<name>_<task>.webm`` and the downloads into ``out_dir``.
+    Raises InputVideoError (bad clip, limits), OptionError, VideoEncodeError.
+    """
+    t_start = time.perf_counter()
+    task = task or getattr(pipe, "task", None)
+    if task not in VIDEO_TASKS:
+        raise OptionError(f"Video runs the tasks {', '.join(VIDEO_TASKS)}; got {task!r}.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+        raise OptionError(f"batch_size must be a whole number from 1 to {MAX_BATCH}, got {batch_size!r}.")
+    opts = dict(options or {})
+    if "boxes" in opts:
+        raise OptionError("Video finds the boxes itself (detector and tracker); remove the 'boxes' option.")
+    plan = plan_video(source, stride=stride, limits=limits)
+    stages = staged(pipe)
+    handler = _handler(
+        task, pipe, opts, render_options or {}, detect=detect, tracking=tracking,
+        raw_cap=raw_cap_bytes, depth_percentiles=depth_percentiles,
+    )  # fmt: skip
+    out = Path(out_dir)
+    stem = name or file_stem(plan.info.path.name, "clip")
+    writer = VideoWriter(safe_path(out, stem, f"_{task}{VIDEO_SUFFIX}"), plan.fps_out)
+    timing = {"decode_s": 0.0, "infer_s": 0.0, "model_s": 0.0}
+    try:
+        with writer:
+            done, size = _process(
+                plan,
+                limits,
+                stages,
+                infer or stages.infer,
+                handler,
+                writer,
+                opts,
+                timing,
+                batch_size,
+                progress,
+            )
+            video = writer.close()
+    except BaseException:
+        with contextlib.suppress(OSError):
+            writer.path.unlink(missing_ok=True)  # never leave a half-written video behind
+        raise
+    files = [video, *handler.exports(out, stem, fps=plan.fps_out, size=size)]
+    timing["total_s"] = time.perf_counter() - t_start
+    return VideoResult(
+        task=task, video=video, files=files, source=plan.info, frames=done, fps=plan.fps_out,
+        size=size, codec=writer.codec or "", notices=_notices(plan, size, handler), timing=timing,
+        details=handler.summary(),
+    )  # fmt: skip
+
+
+def _notices(plan: VideoPlan, size: tuple[int, int], handler: FrameHandler) -> list[str]:
+    info = plan.info
+    notes = list(info.notices)
+    if size != (info.width, info.height):
+        notes.append(
+            f"Frames were downscaled from {info.width}x{info.height} to {size[0]}x{size[1]} for inference "
+            "and the output video."
+        )
+    if plan.stride > 1:
+        notes.append(
+            f"Every {plan.stride}th frame was processed; the output plays at {plan.fps_out:.3g} fps so its "
+            "duration matches the clip."
+        )
+    notes.append("The output video has no sound: audio is not carried over.")
+    if handler.dropped_notices:
+        notes_more = f"... and {handler.dropped_notices} more notice(s) from other frames (not listed)."
+        return [*notes, *handler.notices, notes_more]
+    return notes + handler.notices
