@@ -12,12 +12,10 @@ import spaces  # noqa: I001  (import order matters)
 import spaces.config
 
 import argparse
-import base64
 import importlib.util
 import logging
 import os
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +31,9 @@ from sapiens2.errors import (
     Sapiens2Error,
     WeightsUnavailableError,
 )
+from sapiens2.limits import MAX_FILE_BYTES
 from sapiens2.metadata import SEG_CLASS_NAMES
+from sapiens2.ui.inputs import photo_input
 from sapiens2.zoo import ARCHS, DETECTOR, TASKS, WEIGHTS_LICENSE
 
 log = logging.getLogger("sapiens2.app")
@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 ASSETS = HERE / "assets"
 EXAMPLES = [str(p) for p in sorted(ASSETS.glob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
 ZERO_GPU = bool(spaces.config.Config.zero_gpu)
-MAX_FILE_SIZE = "40mb"  # uploads beyond this are refused by the server before any decoding
+MAX_FILE_SIZE = f"{MAX_FILE_BYTES // 2**20}mb"  # refused by the server before any decoding
 MAX_QUEUE = 32  # waiting requests; more get a "queue is full" error instead of hanging
 DELETE_CACHE = (900, 1800)  # every 15 min, delete Gradio's copies of outputs older than 30 min
 
@@ -56,49 +56,6 @@ ERROR_TITLES: list[tuple[type[Exception], str]] = [
     (OptionError, "Invalid option"),
     (serving.OutOfMemoryError, "Out of GPU memory"),
 ]
-
-
-def photo_input(**kwargs: Any) -> gr.Image:
-    """A gr.Image (filepath) whose upload reaches ``sapiens2.imaging`` untouched.
-
-    gr.Image would open the file with Pillow first, so a corrupt file or a decompression bomb
-    would fail inside Gradio with a message nobody can act on; here the package reads it. Data
-    URLs (webcam, API callers) become their raw bytes for the same reason: Gradio would decode and
-    re-encode them (4 s and a 90-megapixel WebP in its cache for a 90 MP PNG) before any size check.
-    (An instance override, not a subclass: Gradio writes a .pyi stub next to any component subclass.)
-    """
-    image = gr.Image(type="filepath", image_mode=None, **kwargs)
-    gradio_preprocess = image.preprocess
-
-    def preprocess(payload: Any) -> Any:
-        if payload is None:
-            return None
-        url = str(payload.url or "")
-        if url.startswith("data:"):
-            return data_url_bytes(url)
-        if payload.path:
-            return str(payload.path)
-        return gradio_preprocess(payload)
-
-    image.preprocess = preprocess  # type: ignore[method-assign]
-    return image
-
-
-def data_url_bytes(url: str) -> bytes:
-    """The bytes of a ``data:[<type>][;base64],<data>`` URL (the package then reads them)."""
-    header, sep, data = url.partition(",")
-    try:
-        if not sep:
-            raise ValueError("no comma")
-        if header.endswith(";base64"):
-            return base64.b64decode(data, validate=True)
-        return urllib.parse.unquote_to_bytes(data)
-    except ValueError:  # binascii.Error is a ValueError
-        raise gr.Error(
-            "The pasted image is not a valid data URL (expected data:image/...;base64,...). Upload the file instead.",
-            title="Image problem",
-            print_exception=False,
-        ) from None
 
 
 def checked_by_package(component: Any) -> Any:

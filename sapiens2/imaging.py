@@ -36,25 +36,16 @@ import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
 from .errors import InputImageError, OptionError
+from .limits import MAX_FILE_BYTES, MAX_REDUCED_PIXELS
 from .zoo import IMAGE_MEAN, IMAGE_STD, INPUT_SIZE
 
 #: Longest side (px) of the copy used for inference; larger images are downscaled for inference
 #: and every result is mapped back to the original size.
 DEFAULT_MAX_SIDE = 4096
 
-#: Byte budget of one image (40 MiB): the most bytes read from a file, a file object or a bytes
-#: value; anything longer is refused without being read to its end. It is the app's upload limit
-#: too (app.py derives Gradio's ``max_file_size`` from it), so one number governs both.
-MAX_FILE_BYTES = 40 * 2**20
-
-#: JPEGs above Pillow's pixel limit (``PIL.Image.MAX_IMAGE_PIXELS``, 89.5 MP by default) are
-#: decoded reduced up to this many pixels in the file (a 200 MP phone photo); larger ones are
-#: refused. libjpeg still reads every coefficient, so this bounds decoding time and, for
-#: progressive JPEGs, its coefficient buffer.
-MAX_REDUCED_PIXELS = 200_000_000
 _JPEG_REDUCTIONS = (2, 4, 8)  # the scales libjpeg decodes to directly (1/2, 1/4, 1/8)
 
 ImageSource = str | Path | bytes | bytearray | IO[bytes] | Image.Image | np.ndarray
@@ -264,7 +255,7 @@ def _read_capped(f: IO[bytes], max_bytes: int) -> bytes:
 
 
 def _too_many_bytes(max_bytes: int, size: int | None = None) -> str:
-    limit = f"the limit of {_amount(max_bytes)} for one image (sapiens2.imaging.MAX_FILE_BYTES)"
+    limit = f"the limit of {_amount(max_bytes)} for one image (sapiens2.limits.MAX_FILE_BYTES)"
     head = (
         f"The image file is {_amount(size)}, above {limit}"
         if size
@@ -373,7 +364,7 @@ def _reduce_to_limit(im: Image.Image) -> int:
         raise InputImageError(
             f"The JPEG is {w}x{h} px ({w * h / 1e6:.1f} megapixels), above the limit of "
             f"{MAX_REDUCED_PIXELS / 1e6:.1f} megapixels for photos decoded at reduced size "
-            "(sapiens2.imaging.MAX_REDUCED_PIXELS). Downscale it before uploading."
+            "(sapiens2.limits.MAX_REDUCED_PIXELS). Downscale it before uploading."
         )
     for s in _JPEG_REDUCTIONS:
         size = (-(-w // s), -(-h // s))
@@ -430,8 +421,9 @@ def _pil_to_rgb(im: Image.Image, notices: list[str]) -> np.ndarray:
             im.seek(0)
             notices.append(f"Animated image with {frames} frames: the first frame was used.")
         im.load()
-        try:
-            im = ImageOps.exif_transpose(im) or im
+        try:  # exif_transpose copies even an upright picture: only call it to turn one
+            if im.getexif().get(ExifTags.Base.Orientation, 1) != 1:
+                im = ImageOps.exif_transpose(im) or im
         except Exception:  # a broken EXIF block must not lose the picture
             notices.append("The EXIF orientation tag could not be read; the image is used as stored.")
         return _mode_to_rgb(im, notices)
