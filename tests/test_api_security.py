@@ -154,7 +154,7 @@ def test_every_path_not_uploaded_gets_the_same_answer(server: Server, uploaded: 
     before_image = data[0][0]["path"]  # the "before" picture Gradio cached for that answer
     answers = set()
     for kind, path in hostile_paths(tmp_path, before_image).items():
-        for payload in ({"path": path, "meta": META}, {"path": path}):  # tagged or not: one rule
+        for payload in ({"path": path, "meta": META}, {"path": path}, path, [path]):  # any shape
             event, data, text = server.call("seg", seg_args(payload))
             assert_refused(event, data, f"{kind}: {text}")
             answers.add(text.split("data: ", 1)[1])

@@ -27,8 +27,8 @@ answer; then in the component's preprocess, which holds even where the wrapper i
 app rendered inside another Blocks).
 
 Uploads are not tied to a session: Gradio's upload route records none. An upload's folder name
-is a SHA-256 of its bytes salted with a per-server secret, so naming another visitor's upload
-needs that photo in the first place.
+is a SHA-256 of its bytes salted with a secret made once per Gradio installation, so naming
+another visitor's upload needs that photo in the first place.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def received_path(path: object, served: Collection[str] = ()) -> str:
     """``path`` (resolved) if Gradio's upload route wrote it for the running app or it is in
     ``served``; otherwise gr.Error(NOT_UPLOADED). Nothing here opens the file."""
     blocks = LocalContext.blocks.get(None)  # the app serving this request (set by Gradio)
-    uploads = getattr(blocks, "upload_file_set", ())
+    # one copy made in C (atomic under the GIL): the upload route and delete_cache change the set
+    uploads = list(getattr(blocks, "upload_file_set", ()))
     try:
         real = (
             os.path.realpath(path) if isinstance(path, str) and path and not is_http_url_like(path) else None
@@ -127,7 +128,11 @@ def _check_paths_before_gradio(blocks: gr.Blocks | None) -> None:
     async def preprocess_data(block_fn: Any, inputs: list[Any], *args: Any, **kwargs: Any) -> Any:
         for block, value in zip(block_fn.inputs, inputs, strict=False):  # extra values are ignored
             served = _SERVED.get(block)
-            if served is not None and isinstance(value, dict) and value.get("path") is not None:
+            if served is None or value is None:
+                continue
+            if not isinstance(value, dict):  # a bare path string, a list...: never an upload
+                raise not_uploaded()
+            if value.get("path") is not None:
                 received_path(value["path"], served)
         return await gradio_preprocess_data(block_fn, inputs, *args, **kwargs)
 
