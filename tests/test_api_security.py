@@ -38,6 +38,7 @@ from sapiens2.ui.inputs import NOT_UPLOADED  # noqa: E402
 EXAMPLE = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"  # small: 640x426
 META = {"_type": "gradio.FileData"}
 SECRET = "root:"  # the start of /etc/passwd: must never come back in an answer
+needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
 
 
 class Server:
@@ -162,6 +163,7 @@ def test_every_path_not_uploaded_gets_the_same_answer(server: Server, uploaded: 
     assert_good_seg(server, {"path": uploaded, "meta": META})  # still up
 
 
+@needs_fifo
 def test_a_fifo_never_stalls_the_queue(server: Server, uploaded: str, tmp_path: Path) -> None:
     fifo = tmp_path / "photo.png"
     os.mkfifo(fifo)
@@ -170,7 +172,7 @@ def test_a_fifo_never_stalls_the_queue(server: Server, uploaded: str, tmp_path: 
     second = server.submit("seg", seg_args({"path": uploaded, "meta": META}))  # waits behind it (limit 1)
     assert_refused(*server.result("seg", first, timeout=10))
     event, data, _ = server.result("seg", second, timeout=30)
-    assert event == "complete" and time.perf_counter() - t0 < 30
+    assert event == "complete" and time.perf_counter() - t0 < 15  # a tiny seg takes about 1 s
     # Even a FIFO in the upload folder and the upload record (a hole in the path check) cannot
     # block: the intake opens without blocking and refuses anything but a regular file.
     from gradio.utils import get_upload_folder
@@ -187,7 +189,7 @@ def test_a_fifo_never_stalls_the_queue(server: Server, uploaded: str, tmp_path: 
         event, data, _ = server.result("seg", first, timeout=10)
         assert event == "error" and "is a FIFO (named pipe), not an image file" in data["error"]
         assert server.result("seg", second, timeout=30)[0] == "complete"
-        assert time.perf_counter() - t0 < 30
+        assert time.perf_counter() - t0 < 15
     finally:
         server.demo.upload_file_set.discard(str(fifo))
         shutil.rmtree(planted)
@@ -300,6 +302,7 @@ def test_the_served_examples_folder_serves_nothing_beside_it(server: Server) -> 
 # ----------------------------------------------------------------------------- the batch CLI
 
 
+@needs_fifo
 def test_the_cli_names_a_fifo_and_a_device_and_goes_on(tiny_checkpoints, tmp_path: Path, capsys) -> None:
     import threading
 
