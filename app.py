@@ -24,6 +24,7 @@ import gradio as gr
 
 from sapiens2 import serving
 from sapiens2.errors import OptionError
+from sapiens2.limits import MAX_FILE_BYTES
 from sapiens2.tasks import registry
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input
@@ -35,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 ASSETS = HERE / "assets"
 EXAMPLES = [str(p) for p in sorted(ASSETS.glob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
 ZERO_GPU = bool(spaces.config.Config.zero_gpu)
-MAX_FILE_SIZE = "40mb"  # uploads beyond this are refused by the server before any decoding
+MAX_FILE_SIZE = f"{MAX_FILE_BYTES // 2**20}mb"  # uploads beyond this are refused before any decoding
 MAX_QUEUE = 32  # waiting requests; more get a "queue is full" error instead of hanging
 DELETE_CACHE = (900, 1800)  # every 15 min, delete Gradio's copies of outputs older than 30 min
 

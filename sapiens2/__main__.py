@@ -82,8 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def find_images(inputs: Iterable[str]) -> tuple[list[Path], list[str]]:
-    """Files to process (explicit files always; folders: image extensions, recursive, sorted)
-    and the inputs that do not exist."""
+    """Files to process (explicit paths always; folders: regular files with image extensions,
+    recursive, sorted) and the inputs that do not exist.
+
+    Only ``stat`` is used here, which never blocks. An explicit FIFO, device or socket is kept, so
+    that the reader refuses it by name from its ``stat`` ("'x' is a FIFO (named pipe), not an image
+    file") without opening it, rather than calling it missing; inside folders such entries are skipped.
+    """
     files: list[Path] = []
     missing: list[str] = []
     for item in inputs:
@@ -92,7 +97,7 @@ def find_images(inputs: Iterable[str]) -> tuple[list[Path], list[str]]:
             files.extend(
                 sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS)
             )
-        elif path.is_file():
+        elif path.exists():
             files.append(path)
         else:
             missing.append(item)

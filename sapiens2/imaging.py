@@ -5,7 +5,13 @@ Two halves:
 * **Intake** (CPU, numpy): :func:`load_image` turns whatever a user hands us (path, bytes, file
   object, PIL image, numpy array) into an upright 8-bit RGB array plus a possibly downscaled
   working copy for inference. Every failure becomes :class:`~sapiens2.errors.InputImageError`
-  with a message a person can act on.
+  with a message a person can act on. Limits: a path must name a regular file (opened without
+  blocking, so a FIFO or a device is refused, never read); at most :data:`MAX_FILE_BYTES` are
+  read from a file, a file object or bytes; decoded pictures stay within Pillow's pixel limit.
+  A JPEG above that limit (up to :data:`MAX_REDUCED_PIXELS`) is decoded at 1/2, 1/4 or 1/8
+  scale by libjpeg itself (Pillow's draft mode): the reduced picture *is* the image from then on,
+  every result is in its pixels, a notice says so and ``Intake.source_size`` keeps the file's
+  own size (a point ``x`` there is ``(x + 0.5) * Intake.reduction - 0.5`` in the file's pixels).
 * **Network input** (torch, on the model's device): upload ``uint8`` once, then resize, pad,
   normalise (:func:`stretch_to`, :func:`letterbox`) or crop people (:func:`crop_people`) there;
   and the inverses that bring outputs back (:func:`unletterbox`, :func:`resize_to`,
@@ -19,7 +25,9 @@ pixel units.
 from __future__ import annotations
 
 import io
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
@@ -28,14 +36,17 @@ import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
 from .errors import InputImageError, OptionError
+from .limits import MAX_FILE_BYTES, MAX_REDUCED_PIXELS
 from .zoo import IMAGE_MEAN, IMAGE_STD, INPUT_SIZE
 
 #: Longest side (px) of the copy used for inference; larger images are downscaled for inference
 #: and every result is mapped back to the original size.
 DEFAULT_MAX_SIDE = 4096
+
+_JPEG_REDUCTIONS = (2, 4, 8)  # the scales libjpeg decodes to directly (1/2, 1/4, 1/8)
 
 ImageSource = str | Path | bytes | bytearray | IO[bytes] | Image.Image | np.ndarray
 
@@ -60,6 +71,10 @@ class Intake:
     scale: float  # work / original along the long side (1.0 when not downscaled)
     notices: list[str] = field(default_factory=list)
     name: str = "image"  # safe file stem for exports
+    #: A JPEG above the pixel limit is decoded reduced (see the module docstring): ``rgb`` is then
+    #: 1/``reduction`` of the file's upright picture, whose (width, height) is ``source_size``.
+    reduction: int = 1
+    source_size: tuple[int, int] | None = None
 
     @property
     def downscaled(self) -> bool:
@@ -99,9 +114,15 @@ class Intake:
         return (arr * [sx, sy, sx, sy]).astype(np.float32)
 
 
-def load_image(src: ImageSource | Intake, *, max_side: int = DEFAULT_MAX_SIDE) -> Intake:
+def load_image(
+    src: ImageSource | Intake, *, max_side: int = DEFAULT_MAX_SIDE, max_bytes: int = MAX_FILE_BYTES
+) -> Intake:
     """Read an image from a path, bytes, a binary file object, a PIL image or a numpy array.
 
+    * A path must name a regular file: it is opened without blocking and checked with ``fstat``
+      before anything is read, so a FIFO, a device, a socket or a folder is refused at once.
+    * At most ``max_bytes`` (default :data:`MAX_FILE_BYTES`, 40 MiB) are read from a path, a
+      file object or bytes; a longer input is refused (a stream is never read past the budget).
     * EXIF orientation is applied, so the result is upright; animations give their first frame.
     * PIL modes: RGBA/LA/PA/P-with-transparency are composited over white; L, I;16, I and F are
       scaled to 8 bits (rules below) and repeated to RGB; CMYK, YCbCr, LAB, HSV and 1-bit are
@@ -112,7 +133,9 @@ def load_image(src: ImageSource | Intake, *, max_side: int = DEFAULT_MAX_SIDE) -
       within [0, 255] are taken as 8-bit values; anything else is min-max stretched to [0, 255]
       (with a notice). Pillow's ``I`` and ``F`` modes use the same rule.
     * Pillow's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``, about 89.5 megapixels by
-      default) is enforced for every kind of input and raises InputImageError.
+      default) is enforced for every kind of input and raises InputImageError, except that a JPEG
+      of up to :data:`MAX_REDUCED_PIXELS` is decoded at the first of 1/2, 1/4, 1/8 scale that fits
+      the limit; ``Intake.reduction`` and ``Intake.source_size`` record it and a notice says so.
     * Images whose long side exceeds ``max_side`` are downscaled (INTER_AREA) for inference;
       ``Intake.downscaled`` says so and a notice explains it.
     * An :class:`Intake` is returned as it is (already read), so one upload can feed several tasks.
@@ -121,17 +144,19 @@ def load_image(src: ImageSource | Intake, *, max_side: int = DEFAULT_MAX_SIDE) -
         return src
     if not isinstance(max_side, int) or max_side < 16:
         raise OptionError(f"max_side must be an integer >= 16 (got {max_side!r}).")
+    if not isinstance(max_bytes, int) or max_bytes < 1:
+        raise OptionError(f"max_bytes must be a positive integer (got {max_bytes!r}).")
     notices: list[str] = []
     name = "image"
+    reduction, source_size = 1, None
     if isinstance(src, np.ndarray):
         rgb = _array_to_rgb(src, notices)
     elif isinstance(src, Image.Image):
         name = _safe_stem(getattr(src, "filename", "") or "")
-        _check_pixels(*src.size)  # before decoding a lazily opened file
-        rgb = _pil_to_rgb(src, notices)
+        rgb, reduction, source_size = _decode_pil(src, notices)
     else:
-        data, name = _read_bytes(src)
-        rgb = _decode_bytes(data, notices)
+        data, name = _read_bytes(src, max_bytes)
+        rgb, reduction, source_size = _decode_bytes(data, notices)
     _check_pixels(rgb.shape[1], rgb.shape[0])
     rgb = np.ascontiguousarray(rgb)
     work, scale = rgb, 1.0
@@ -142,9 +167,9 @@ def load_image(src: ImageSource | Intake, *, max_side: int = DEFAULT_MAX_SIDE) -
         work = cv2.resize(rgb, (ww, wh), interpolation=cv2.INTER_AREA)
         notices.append(
             f"The image is {w}x{h} px; inference ran on a {ww}x{wh} copy (long side limit "
-            f"{max_side} px) and the results were mapped back to the original size."
+            f"{max_side} px) and the results were mapped back to {w}x{h}."
         )
-    return Intake(rgb=rgb, work=work, scale=scale, notices=notices, name=name)
+    return Intake(rgb, work, scale, notices, name, reduction, source_size)
 
 
 def _safe_stem(filename: str | Path) -> str:
@@ -154,28 +179,93 @@ def _safe_stem(filename: str | Path) -> str:
     return file_stem(filename)
 
 
-def _read_bytes(src: object) -> tuple[bytes, str]:
+def _read_bytes(src: object, max_bytes: int) -> tuple[bytes, str]:
     if isinstance(src, (bytes, bytearray, memoryview)):
+        if len(src) > max_bytes:
+            raise InputImageError(_too_many_bytes(max_bytes, len(src)))
         return bytes(src), "image"
     if isinstance(src, (str, Path)):
         path = Path(src)
-        if not path.exists():
-            raise InputImageError(f"Image file not found: {path.name!r}.")
-        if path.is_dir():
-            raise InputImageError(f"{path.name!r} is a folder, not an image file.")
-        try:
-            return path.read_bytes(), _safe_stem(path.name)
-        except OSError as e:
-            raise InputImageError(f"Could not read the image file {path.name!r}: {e.strerror or e}.") from e
+        return _read_file(path, max_bytes), _safe_stem(path.name)
     if hasattr(src, "read"):
-        data = src.read()  # type: ignore[attr-defined]
-        if not isinstance(data, (bytes, bytearray)):
-            raise InputImageError("The file object must be opened in binary mode ('rb').")
-        return bytes(data), _safe_stem(getattr(src, "name", "") or "")
+        return _read_capped(src, max_bytes), _safe_stem(getattr(src, "name", "") or "")
     raise InputImageError(
         f"Unsupported image input of type {type(src).__name__}; pass a file path, bytes, a PIL image "
         "or a numpy array."
     )
+
+
+_NOT_REGULAR = {  # what a path names when it is not a regular file, for the message
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _check_regular(mode: int, name: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = _NOT_REGULAR.get(stat.S_IFMT(mode), "not a regular file")
+        raise InputImageError(f"{name!r} is {kind}, not an image file.")
+
+
+def _read_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of a regular file, at most ``max_bytes`` (never blocks, never reads a device).
+
+    ``stat`` first, so a device is never even opened (opening some has side effects); then an
+    ``O_NONBLOCK`` open, so a FIFO swapped in meanwhile cannot block, and ``fstat`` on what was
+    actually opened, so nothing but a regular file is ever read.
+    """
+    name = path.name
+    flags = (
+        os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+    )
+    try:
+        _check_regular(os.stat(path).st_mode, name)
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InputImageError(f"Image file not found: {name!r}.") from None
+    except OSError as e:
+        raise InputImageError(f"Could not read the image file {name!r}: {e.strerror or e}.") from None
+    with open(fd, "rb") as f:  # owns fd from here: closed on every path
+        info = os.fstat(fd)
+        _check_regular(info.st_mode, name)
+        if info.st_size > max_bytes:
+            raise InputImageError(_too_many_bytes(max_bytes, info.st_size))
+        try:
+            return _read_capped(f, max_bytes)
+        except OSError as e:
+            raise InputImageError(f"Could not read the image file {name!r}: {e.strerror or e}.") from None
+
+
+def _read_capped(f: IO[bytes], max_bytes: int) -> bytes:
+    """Read a binary file object to its end, refusing it once it gives more than ``max_bytes``."""
+    chunks: list[bytes] = []
+    total = 0
+    while total <= max_bytes:
+        chunk = f.read(max_bytes + 1 - total)
+        if not isinstance(chunk, (bytes, bytearray)):
+            raise InputImageError("The file object must be opened in binary mode ('rb') and blocking.")
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(bytes(chunk))
+        total += len(chunk)
+    raise InputImageError(_too_many_bytes(max_bytes))
+
+
+def _too_many_bytes(max_bytes: int, size: int | None = None) -> str:
+    limit = f"the limit of {_amount(max_bytes)} for one image (sapiens2.limits.MAX_FILE_BYTES)"
+    head = (
+        f"The image file is {_amount(size)}, above {limit}"
+        if size
+        else f"The image data is larger than {limit}"
+    )
+    return f"{head}. Save it as a JPEG (quality 90 is plenty) or downscale it."
+
+
+def _amount(n: int) -> str:
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n} bytes"
 
 
 def _sniff(data: bytes) -> str | None:
@@ -194,12 +284,15 @@ def _sniff(data: bytes) -> str | None:
     return None
 
 
-def _decode_bytes(data: bytes, notices: list[str]) -> np.ndarray:
+Decoded = tuple[np.ndarray, int, tuple[int, int] | None]  # rgb, reduction, source (w, h) when reduced
+
+
+def _decode_bytes(data: bytes, notices: list[str]) -> Decoded:
     if len(data) == 0:
         raise InputImageError("The image file is empty (0 bytes).")
     kind = _sniff(data)
     try:
-        im = Image.open(io.BytesIO(data))
+        im = _large_jpeg(data) or Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
         raise InputImageError(_bomb_message(e)) from None
     except UnidentifiedImageError:
@@ -224,8 +317,63 @@ def _decode_bytes(data: bytes, notices: list[str]) -> np.ndarray:
         ) from None
     except Exception as e:  # any other decoder failure on hostile input (e.g. cut off in its header)
         raise InputImageError(_broken_message(e)) from None
-    _check_pixels(*im.size)
-    return _pil_to_rgb(im, notices)
+    return _decode_pil(im, notices)
+
+
+def _large_jpeg(data: bytes) -> Image.Image | None:
+    """A JPEG whose header is above Pillow's pixel limit, opened without ``Image.open``'s bomb
+    check (which refuses it before it could be decoded reduced); None for anything else."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is None or data[:3] != b"\xff\xd8\xff":
+        return None
+    try:
+        im = JpegImagePlugin.JpegImageFile(io.BytesIO(data))  # reads the header only
+    except Exception:  # Image.open names the problem
+        return None
+    return im if im.size[0] * im.size[1] > limit else None
+
+
+def _decode_pil(im: Image.Image, notices: list[str]) -> Decoded:
+    """Decode a (lazily opened) PIL image within the pixel limit, a large JPEG reduced."""
+    stored = im.size
+    reduction = _reduce_to_limit(im)
+    rgb = _pil_to_rgb(im, notices)
+    if reduction == 1:
+        return rgb, 1, None
+    h, w = rgb.shape[:2]
+    source = stored[::-1] if (w, h) != im.size else stored  # EXIF turned it by 90 degrees
+    notices.append(
+        f"The photo is {source[0]}x{source[1]} px ({source[0] * source[1] / 1e6:.1f} megapixels), above "
+        f"the {_limit_mp()} megapixel limit for a full decode: it was decoded at 1/{reduction} scale "
+        f"({w}x{h} px) and every result is in the pixels of that copy."
+    )
+    return rgb, reduction, source
+
+
+def _reduce_to_limit(im: Image.Image) -> int:
+    """Check the pixel limit before decoding; a JPEG above it is set to decode at 1/2, 1/4 or 1/8
+    scale (libjpeg's scaled IDCT: never a full-size buffer). Returns the reduction (1: none)."""
+    w, h = im.size
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is None or w * h <= limit:
+        _check_pixels(w, h)
+        return 1
+    if not isinstance(im, JpegImagePlugin.JpegImageFile):
+        raise InputImageError(_bomb_message(None, w, h))
+    if w * h > MAX_REDUCED_PIXELS:
+        raise InputImageError(
+            f"The JPEG is {w}x{h} px ({w * h / 1e6:.1f} megapixels), above the limit of "
+            f"{MAX_REDUCED_PIXELS / 1e6:.1f} megapixels for photos decoded at reduced size "
+            "(sapiens2.limits.MAX_REDUCED_PIXELS). Downscale it before uploading."
+        )
+    for s in _JPEG_REDUCTIONS:
+        size = (-(-w // s), -(-h // s))
+        if size[0] * size[1] <= limit:
+            # draft() picks the largest reduction the requested size allows: exactly s here
+            if im.draft(im.mode, (max(1, w // s), max(1, h // s))) is not None and im.size == size:
+                return s
+            break
+    raise InputImageError(_bomb_message(None, w, h))  # already decoded, or too thin to reduce
 
 
 def _pillow_reads(kind: str) -> bool:
@@ -240,6 +388,10 @@ def _broken_message(err: Exception) -> str:
     return f"The image data is corrupt and could not be decoded ({type(err).__name__}: {err})."
 
 
+def _limit_mp() -> str:
+    return f"{(Image.MAX_IMAGE_PIXELS or 0) / 1e6:.1f}"
+
+
 def _bomb_message(err: Exception | None = None, w: int | None = None, h: int | None = None) -> str:
     limit = Image.MAX_IMAGE_PIXELS or 0
     if w and h:
@@ -248,8 +400,9 @@ def _bomb_message(err: Exception | None = None, w: int | None = None, h: int | N
         found = re.search(r"\((\d+) pixels\)", str(err))
         size = f"{int(found.group(1)) / 1e6:.1f} megapixels" if found else "too large"
     return (
-        f"The image is {size}, above the limit of {limit / 1e6:.1f} megapixels ({limit} pixels, "
-        "Pillow's decompression-bomb guard PIL.Image.MAX_IMAGE_PIXELS). Downscale it before uploading."
+        f"The image is {size}, above the limit of {_limit_mp()} megapixels ({limit} pixels, "
+        "Pillow's decompression-bomb guard PIL.Image.MAX_IMAGE_PIXELS). Downscale it before uploading "
+        f"(only JPEG photos of up to {MAX_REDUCED_PIXELS / 1e6:.0f} megapixels are decoded at reduced size)."
     )
 
 
@@ -268,8 +421,9 @@ def _pil_to_rgb(im: Image.Image, notices: list[str]) -> np.ndarray:
             im.seek(0)
             notices.append(f"Animated image with {frames} frames: the first frame was used.")
         im.load()
-        try:
-            im = ImageOps.exif_transpose(im) or im
+        try:  # exif_transpose copies even an upright picture: only call it to turn one
+            if im.getexif().get(ExifTags.Base.Orientation, 1) != 1:
+                im = ImageOps.exif_transpose(im) or im
         except Exception:  # a broken EXIF block must not lose the picture
             notices.append("The EXIF orientation tag could not be read; the image is used as stored.")
         return _mode_to_rgb(im, notices)

@@ -133,7 +133,8 @@ CORPUS: list[tuple[str, Callable[[], bytes], str | Callable[[np.ndarray], bool]]
     ("truncated.png", lambda: encode(Image.fromarray(person_like(64, 64)), "PNG")[:120], r"truncated"),
     ("corrupt.png", corrupt_png, r"corrupt"),
     ("bomb.png", lambda: png_with_size(20000, 20000), r"400\.0 megapixels, above the limit of 89\.5"),
-    ("bomb.jpg", lambda: jpeg_with_size(20000, 20000), r"400\.0 megapixels, above the limit of 89\.5"),
+    # JPEGs up to 200 MP decode reduced (issue 11); past that the header alone is refused
+    ("bomb.jpg", lambda: jpeg_with_size(20000, 20000), r"400\.0 megapixels\), above the limit of 200\.0"),
     ("just_over.png", lambda: png_with_size(10000, 9000), r"10000x9000 px .*above the limit"),
     ("photo.heic", heic_bytes, r"HEIC/HEIF image, which this installation cannot decode.*JPEG or PNG"),
     (
@@ -384,6 +385,22 @@ def test_no_person_falls_back_to_the_whole_image_with_a_notice(tiny_checkpoints,
     data = shown.views[0]  # pose's first view: the 308-point JSON
     assert len(data["people"]) == 1 and data["detection"]["source"] == "whole_image"
     assert any("No person found" in n and "whole image" in n for n in shown.notices)
+
+
+def test_a_photo_decoded_reduced_says_so_in_the_results_and_the_json(
+    manager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000_000)  # 1600x1200 stands in for 108 MP
+    photo = tmp_path / "big.jpg"
+    Image.fromarray(person_like(1200, 1600)).save(photo, quality=95)
+    shown = run(manager, "pose", photo, tmp_path / "out")
+    assert shown.before.shape == (600, 800, 3)  # results are in the pixels of the reduced picture
+    check_exports(shown, (600, 800), tmp_path / "out")
+    exported = json.loads(next(p for p in shown.files if p.name.endswith("_pose.json")).read_text())
+    assert exported["image_size"] == {"width": 800, "height": 600}
+    said = "The photo is 1600x1200 px (1.9 megapixels), above the 1.0 megapixel limit for a full decode"
+    assert any(n.startswith(said) and "1/2 scale (800x600 px)" in n for n in exported["notices"])
+    assert any("1/2 scale" in n for n in shown.notices)
 
 
 def test_a_crowd_of_30_is_capped_and_the_cap_is_said(tiny_checkpoints, tmp_path: Path) -> None:

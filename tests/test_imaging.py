@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from sapiens2 import imaging
 from sapiens2.errors import InputImageError, OptionError
 from sapiens2.imaging import (
     Intake,
@@ -296,6 +298,139 @@ def test_decompression_bomb_just_over_the_limit() -> None:
     with pytest.warns(Image.DecompressionBombWarning):  # Pillow only warns here; we refuse
         with pytest.raises(InputImageError, match=r"10000x10000 px \(100\.0 megapixels\).*MAX_IMAGE_PIXELS"):
             load_image(_png_with_size(10000, 10000))
+
+
+# ------------------------------------------------------------------ what a path may name, byte budget
+
+
+def _finishes(fn, seconds: float = 5.0):
+    """Run ``fn`` in a daemon thread: a regression that blocks fails the test instead of hanging it."""
+    import threading
+
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # handed to the test below
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds} s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_a_fifo_is_refused_at_once_without_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "photo.jpg"
+    os.mkfifo(fifo)
+    with pytest.raises(InputImageError, match=r"'photo.jpg' is a FIFO \(named pipe\), not an image file"):
+        _finishes(lambda: load_image(fifo))
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero here")
+def test_devices_are_refused_and_an_endless_stream_is_read_only_to_the_budget() -> None:
+    with pytest.raises(InputImageError, match="'zero' is a character device, not an image file"):
+        _finishes(lambda: load_image("/dev/zero"))
+    with open("/dev/zero", "rb") as endless:  # a file object is read to the budget + 1, never further
+        with pytest.raises(InputImageError, match=r"larger than the limit of 1000 bytes"):
+            _finishes(lambda: load_image(endless, max_bytes=1000))
+        assert endless.tell() <= 1001
+
+
+def test_the_byte_budget_holds_for_paths_bytes_and_file_objects(tmp_path: Path) -> None:
+    assert imaging.MAX_FILE_BYTES == 40 * 2**20  # the app's upload limit is derived from it
+    data = _png_bytes(Image.new("RGB", (64, 64), (5, 6, 7)))
+    path = tmp_path / "p.png"
+    path.write_bytes(data)
+    budget = len(data)
+    assert load_image(path, max_bytes=budget).rgb.shape == (64, 64, 3)  # exactly the budget is fine
+    assert load_image(data, max_bytes=budget).rgb.shape == (64, 64, 3)
+    over = rf"is {budget + 1} bytes, above the limit of {budget} bytes for one image .*MAX_FILE_BYTES"
+    path.write_bytes(data + b"\0")
+    with pytest.raises(InputImageError, match=over):
+        load_image(path, max_bytes=budget)
+    with pytest.raises(InputImageError, match=over):
+        load_image(data + b"\0", max_bytes=budget)
+    with (
+        open(path, "rb") as f,
+        pytest.raises(InputImageError, match=rf"larger than the limit of {budget} bytes"),
+    ):
+        load_image(f, max_bytes=budget)
+    with pytest.raises(InputImageError, match=r"is 40\.0 MB, above the limit of 40\.0 MB"):
+        load_image(b"\xff" * (imaging.MAX_FILE_BYTES + 2**20 // 20))  # 40.05 MiB rounds to 40.0
+    with pytest.raises(OptionError, match="max_bytes must be a positive integer"):
+        load_image(data, max_bytes=0)
+
+
+# ------------------------------------------------------------------ large JPEGs decode reduced
+
+
+def _jpeg(im: Image.Image, **kw) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", quality=95, **kw)
+    return buf.getvalue()
+
+
+def _marked_photo(w: int, h: int) -> Image.Image:
+    """Grey with a red square whose centre is at (w/4, h/4): where it lands shows the scale."""
+    arr = np.full((h, w, 3), 128, np.uint8)
+    arr[h // 4 - 40 : h // 4 + 40, w // 4 - 40 : w // 4 + 40] = (220, 20, 20)
+    return Image.fromarray(arr)
+
+
+def _red_centre(rgb: np.ndarray) -> np.ndarray:
+    ys, xs = np.nonzero((rgb[..., 0] > 180) & (rgb[..., 1] < 80))
+    return np.array([xs.mean(), ys.mean()])
+
+
+@pytest.mark.parametrize(("limit", "reduction"), [(1_000_000, 2), (100_000, 8)])
+def test_a_jpeg_over_the_pixel_limit_is_decoded_reduced(monkeypatch, limit: int, reduction: int) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", limit)  # 1600x1200 stands in for a 108 MP photo
+    intake = load_image(_jpeg(_marked_photo(1600, 1200)))
+    assert intake.reduction == reduction and intake.source_size == (1600, 1200)
+    assert intake.rgb.shape == (1200 // reduction, 1600 // reduction, 3)
+    assert intake.rgb.shape[0] * intake.rgb.shape[1] <= limit
+    assert any("1600x1200 px" in n and f"1/{reduction} scale" in n for n in intake.notices)
+    # a point of the reduced picture is (x + 0.5) * reduction - 0.5 in the file's pixels
+    assert np.abs((_red_centre(intake.rgb) + 0.5) * reduction - 0.5 - [400 - 0.5, 300 - 0.5]).max() < 1.0
+
+
+def test_the_source_size_is_upright_for_an_exif_rotated_jpeg(monkeypatch) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000_000)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored sideways: the viewer turns it 90 degrees clockwise
+    intake = load_image(_jpeg(_marked_photo(1600, 1200), exif=exif.tobytes()))
+    assert intake.rgb.shape == (800, 600, 3) and intake.source_size == (1200, 1600)
+    assert any("1200x1600 px" in n for n in intake.notices)
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow's open only warns
+def test_what_cannot_decode_reduced_is_refused_with_the_reason(monkeypatch) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000_000)
+    with pytest.raises(InputImageError, match=r"1600x1200 px .*above the limit .*only JPEG photos"):
+        load_image(_png_bytes(_marked_photo(1600, 1200)))  # PNG has no reduced decode
+    loaded = Image.open(io.BytesIO(_jpeg(_marked_photo(1600, 1200))))
+    lazy = Image.open(io.BytesIO(_jpeg(_marked_photo(1600, 1200))))
+    loaded.load()  # already decoded at full size: too late to reduce
+    with pytest.raises(InputImageError, match=r"1600x1200 px .*above the limit"):
+        load_image(loaded)
+    assert load_image(lazy).reduction == 2  # a lazily opened PIL JPEG is reduced like bytes
+    monkeypatch.setattr(imaging, "MAX_REDUCED_PIXELS", 1_500_000)
+    with pytest.raises(InputImageError, match=r"1600x1200 px \(1\.9 megapixels\), above the limit of 1\.5"):
+        load_image(_jpeg(_marked_photo(1600, 1200)))
+
+
+def test_a_108_megapixel_phone_jpeg_works_at_half_size() -> None:
+    data = _jpeg(Image.new("L", (12000, 9000), 100))  # 12000x9000: over Pillow's 89.5 MP limit
+    intake = load_image(data)
+    assert intake.reduction == 2 and intake.source_size == (12000, 9000)
+    assert intake.rgb.shape == (4500, 6000, 3) and intake.work.shape == (3072, 4096, 3)
+    assert "12000x9000 px (108.0 megapixels)" in intake.notices[0]
 
 
 def test_pixel_limit_applies_to_arrays(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,25 +1,85 @@
-"""File inputs of the app: what a caller may send as a photo, and how it reaches the package."""
+"""The app's file inputs: a file reaches ``sapiens2.imaging`` only if this server received it.
+
+The rule (issue 11): a file input takes (a) a file Gradio's upload route wrote for this app
+(``POST /gradio_api/upload``; the page uploads this way too), (b) a file this server itself gave
+the component (an example photo), or (c) the bytes of a data URL. Any other path a caller sends
+is refused with :data:`NOT_UPLOADED`, the same words whatever the path names (an image, a text
+file, a folder, a FIFO, nothing at all), before anything opens it.
+
+Why the preprocess override does the check rather than Gradio (6.31, read in its source):
+
+* Gradio's own check (``processing_utils.async_move_files_to_cache(check_in_upload_folder=True)``,
+  before preprocess) only looks at payloads tagged ``"meta": {"_type": "gradio.FileData"}``. An
+  untagged ``{"path": ...}`` skips it, still validates as ``ImageData``, and ``gr.Image``'s own
+  preprocess opens that path: the arbitrary file read of issue 11.
+* Where it runs, it accepts any file under the upload folder (``GRADIO_TEMP_DIR``), which also
+  holds every output this app (and any other Gradio app on the machine) has produced.
+* ``allowed_paths`` / ``blocked_paths`` govern what the server may serve or move, not what a
+  caller may name as an input; the example photos are served from ``assets/`` through them.
+
+So every path is checked here against ``Blocks.upload_file_set`` (what the upload route wrote for
+this app; ``delete_cache`` removes entries with their files) and the files this server handed the
+component through ``postprocess`` (the examples' copies). The check runs twice: first in a wrapper
+of the app's ``Blocks.preprocess_data``, before Gradio touches the payload (Gradio would answer a
+tagged outside path with an error whose text it hides, ``{"error": null}``, and would download an
+``http(s)`` path, SSRF-protected but still a fetch a caller chose), so every path gets the one
+answer; then in the component's preprocess, which holds even where the wrapper is missing (the
+app rendered inside another Blocks).
+
+Uploads are not tied to a session: Gradio's upload route records none. An upload's folder name
+is a SHA-256 of its bytes salted with a secret made once per Gradio installation, so naming
+another visitor's upload needs that photo in the first place.
+"""
 
 from __future__ import annotations
 
 import base64
+import functools
+import os
 import urllib.parse
+import weakref
+from collections.abc import Collection
 from typing import Any
 
 import gradio as gr
+from gradio.context import Context, LocalContext
+from gradio.utils import is_static_file
+from gradio_client.utils import is_http_url_like
+
+NOT_UPLOADED = (
+    "This file was not uploaded to this app. Upload the photo (API callers: POST it to "
+    "/gradio_api/upload and pass the path that returns) or send it as a data URL."
+)
+ERROR_TITLE = "Image problem"
+
+#: each photo input -> the real paths of the files this server gave it (see photo_input)
+_SERVED: weakref.WeakKeyDictionary[gr.Image, set[str]] = weakref.WeakKeyDictionary()
 
 
 def photo_input(**kwargs: Any) -> gr.Image:
-    """A gr.Image (filepath) whose upload reaches ``sapiens2.imaging`` untouched.
+    """A gr.Image (filepath) whose upload reaches ``sapiens2.imaging`` untouched, if it is one.
+
+    Use it for every file input of the app (the photo, the matting background, the second photo
+    of similarity): only then does the rule in the module docstring hold for that input.
 
     gr.Image would open the file with Pillow first, so a corrupt file or a decompression bomb
     would fail inside Gradio with a message nobody can act on; here the package reads it. Data
     URLs (webcam, API callers) become their raw bytes for the same reason: Gradio would decode and
     re-encode them (4 s and a 90-megapixel WebP in its cache for a 90 MP PNG) before any size check.
-    (An instance override, not a subclass: Gradio writes a .pyi stub next to any component subclass.)
+    (Instance overrides, not a subclass: Gradio writes a .pyi stub next to any component subclass.)
     """
     image = gr.Image(type="filepath", image_mode=None, **kwargs)
-    gradio_preprocess = image.preprocess
+    served: set[str] = set()  # real paths of the files this server gave the component
+    gradio_postprocess = image.postprocess
+
+    def postprocess(value: Any) -> Any:
+        # Only the server calls this (examples, a handler's output): what it returns is ours.
+        data = gradio_postprocess(value)
+        path = getattr(data, "path", None)
+        if path and not is_http_url_like(path):  # the path Gradio sends the page: the file or its copy
+            sent = path if is_static_file(path) else image.move_resource_to_block_cache(path) or path
+            served.add(os.path.realpath(sent))
+        return data
 
     def preprocess(payload: Any) -> Any:
         if payload is None:
@@ -27,12 +87,57 @@ def photo_input(**kwargs: Any) -> gr.Image:
         url = str(payload.url or "")
         if url.startswith("data:"):
             return data_url_bytes(url)
-        if payload.path:
-            return str(payload.path)
-        return gradio_preprocess(payload)
+        return received_path(payload.path, served)
 
+    image.postprocess = postprocess  # type: ignore[method-assign]
     image.preprocess = preprocess  # type: ignore[method-assign]
+    _SERVED[image] = served
+    _check_paths_before_gradio(Context.root_block)  # the app being built
     return image
+
+
+def received_path(path: object, served: Collection[str] = ()) -> str:
+    """``path`` (resolved) if Gradio's upload route wrote it for the running app or it is in
+    ``served``; otherwise gr.Error(NOT_UPLOADED). Nothing here opens the file."""
+    blocks = LocalContext.blocks.get(None)  # the app serving this request (set by Gradio)
+    # one copy made in C (atomic under the GIL): the upload route and delete_cache change the set
+    uploads = list(getattr(blocks, "upload_file_set", ()))
+    try:
+        real = (
+            os.path.realpath(path) if isinstance(path, str) and path and not is_http_url_like(path) else None
+        )
+    except (OSError, ValueError):  # e.g. a NUL byte in the path
+        real = None
+    if real is not None and (real in served or real in {os.path.realpath(p) for p in uploads}):
+        return real
+    raise not_uploaded()
+
+
+def not_uploaded() -> gr.Error:
+    return gr.Error(NOT_UPLOADED, title=ERROR_TITLE, print_exception=False)
+
+
+def _check_paths_before_gradio(blocks: gr.Blocks | None) -> None:
+    """Wrap ``blocks.preprocess_data`` (where Gradio moves file payloads into its cache, before
+    any preprocess) so every path sent to a photo input is checked first."""
+    if blocks is None or getattr(blocks.preprocess_data, "checks_paths_first", False):
+        return
+    gradio_preprocess_data = blocks.preprocess_data
+
+    @functools.wraps(gradio_preprocess_data)
+    async def preprocess_data(block_fn: Any, inputs: list[Any], *args: Any, **kwargs: Any) -> Any:
+        for block, value in zip(block_fn.inputs, inputs, strict=False):  # extra values are ignored
+            served = _SERVED.get(block)
+            if served is None or value is None:
+                continue
+            if not isinstance(value, dict):  # a bare path string, a list...: never an upload
+                raise not_uploaded()
+            if value.get("path") is not None:
+                received_path(value["path"], served)
+        return await gradio_preprocess_data(block_fn, inputs, *args, **kwargs)
+
+    preprocess_data.checks_paths_first = True  # type: ignore[attr-defined]
+    blocks.preprocess_data = preprocess_data  # type: ignore[method-assign]
 
 
 def data_url_bytes(url: str) -> bytes:
@@ -47,6 +152,6 @@ def data_url_bytes(url: str) -> bytes:
     except ValueError:  # binascii.Error is a ValueError
         raise gr.Error(
             "The pasted image is not a valid data URL (expected data:image/...;base64,...). Upload the file instead.",
-            title="Image problem",
+            title=ERROR_TITLE,
             print_exception=False,
         ) from None
