@@ -21,3 +21,15 @@ class InputImageError(Sapiens2Error, ValueError):
 
 class OptionError(Sapiens2Error, ValueError):
     """An option has a value that is not allowed; the message lists the allowed values."""
+
+
+class DiskFullError(WeightsUnavailableError):
+    """A download or write failed because the disk is full (ENOSPC); the message names the folder."""
+
+
+class DeviceError(Sapiens2Error, RuntimeError):
+    """The weights read fine but the device could not take them (no CUDA, an emulated device ...)."""
+
+
+class ResidencyError(Sapiens2Error, RuntimeError):
+    """A GPU worker was asked to load weights: the server process must load them before the call."""
