@@ -22,6 +22,7 @@ from tqdm import tqdm
 from .errors import CheckpointError, DeviceError, OptionError
 from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
 from .weights import _pick_in_folder, find_weights, read_header
+from .zerogpu import cuda_emulation
 from .zoo import get_task
 
 _DTYPES = {
@@ -83,7 +84,8 @@ def load_model(
         raise CheckpointError(f"{path}: {err}") from None
     _check_identity(path, info, task, size)
     _check_keys(path, model, shapes)
-    _load_into(model, path, dev, dtype)
+    with cuda_emulation():  # ZeroGPU: a request thread moves to emulated CUDA too
+        _load_into(model, path, dev, dtype)
     model.checkpoint_path = str(path)  # where the weights came from (shown in UIs and metadata)
     return model.eval()
 
@@ -235,7 +237,7 @@ def _to_device(tensor: torch.Tensor, dev: torch.device, dtype: torch.dtype, path
         return tensor.to(dev)
     except torch.OutOfMemoryError:
         raise  # the serving layer turns this into its out-of-memory advice
-    except RuntimeError as err:
+    except (RuntimeError, AssertionError) as err:  # a CPU-only torch asserts on CUDA
         raise DeviceError(
             f"The weights in {path} read fine, but moving them to {dev} failed ({err}). The file "
             f"is not the problem: check that {dev} is available to this process (for CUDA: a GPU, "

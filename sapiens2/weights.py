@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from .errors import CheckpointError, DiskFullError, WeightsUnavailableError
-from .zerogpu import forbid_loading
+from .zerogpu import cuda_emulation, forbid_loading
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def find_weights(
     Raises ``DiskFullError`` when a download fails for lack of disk space and ``ResidencyError``
     inside a ZeroGPU worker (weights are loaded by the server process, never during a GPU call).
     """
-    forbid_loading(f"The weights of {repo_id}")
+    forbid_loading(f"the weights of {repo_id}")
     if checkpoint is not None:
         path = Path(checkpoint).expanduser()
         if path.is_dir():
@@ -227,7 +227,7 @@ def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") ->
     """All tensors of a safetensors file, read on the CPU and then moved to ``device`` (never
     unpickles; safetensors' direct CUDA reads need a real CUDA context, which ZeroGPU's server
     process does not have)."""
-    forbid_loading(f"The weights in {path}")
+    forbid_loading(f"the weights in {path}")
     read_header(path)
     try:
         tensors = load_file(str(path), device="cpu")
@@ -237,4 +237,5 @@ def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") ->
         ) from err
     if torch.device(device).type == "cpu":
         return tensors
-    return {name: t.to(device) for name, t in tensors.items()}
+    with cuda_emulation():
+        return {name: t.to(device) for name, t in tensors.items()}

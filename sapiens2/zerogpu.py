@@ -24,9 +24,11 @@ import math
 import os
 import pickle
 import signal
+import sys
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
@@ -194,11 +196,37 @@ def forbid_loading(what: str) -> None:
     before a GPU call, never during one (it would be billed to the visitor and lost with the worker)."""
     if _in_worker:
         raise ResidencyError(
-            f"{what} is not loaded in this GPU worker. On ZeroGPU the server process loads every "
-            "model a request needs before the GPU call and then calls resident_changed(), so that "
-            "the call runs in a worker forked after the load; loading here would spend the "
-            "visitor's GPU time and be lost when the worker ends."
+            f"Refused to load {what} in a ZeroGPU worker. The server process loads every model a "
+            "request needs before the GPU call and then calls resident_changed(), so that the call "
+            "runs in a worker forked after the load; loading here would spend the visitor's GPU "
+            "time and be lost when the worker ends."
         )
+
+
+@contextmanager
+def cuda_emulation() -> Iterator[None]:
+    """Make ZeroGPU's CUDA emulation active in this thread for the block; a no-op elsewhere.
+
+    spaces enters its torch modes only in the thread that imported it. Gradio runs handlers in
+    worker threads, where ``.to("cuda")`` would reach real CUDA (an error on ZeroGPU) and a packed
+    parameter would report ``cpu``. Wrap every load to "cuda" (model build, weights, pipeline set-up).
+    """
+    patching = sys.modules.get("spaces.zero.torch.patching")  # imported by spaces only on ZeroGPU
+    if patching is None or _in_worker or patching.function_mode in _function_modes():
+        yield
+        return
+    patching.enter_mode()  # spaces' own helper for its threads (see its generator wrapper)
+    try:
+        yield
+    finally:
+        patching.dispatch_mode.__exit__(None, None, None)
+        patching.function_mode.__exit__(None, None, None)
+
+
+def _function_modes() -> list[Any]:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return _get_current_function_mode_stack()
 
 
 def resident_changed() -> None:
