@@ -35,7 +35,7 @@ def preload_from_hub() -> list[str]:
         f"{spec.repo_id(spec.default_size_gpu)} {spec.filename(spec.default_size_gpu)}"
         for spec in TASKS.values()
     ]
-    return [*lines, f"{DETECTOR.repo_id} {DETECTOR.filename}"]
+    return [*lines, f"{DETECTOR.repo_id} {DETECTOR.filename},config.json"]  # the detector reads its config
 
 
 def size_of(repo_id: str) -> str | None:

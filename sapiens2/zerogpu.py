@@ -41,6 +41,11 @@ R = TypeVar("R")
 K = TypeVar("K", bound=Hashable)
 GpuSize = Literal["large", "xlarge"]
 
+#: torch versions ZeroGPU lists as supported (Hub docs "Supported Versions", with 2.12.1 and 2.13.0
+#: added by huggingface/hub-docs PR #2763); the Space pins one of them exactly.
+SUPPORTED_TORCH: tuple[str, ...] = ("2.8.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0")
+#: Python versions ZeroGPU lists as supported (Hub docs "Supported Versions").
+SUPPORTED_PYTHON: tuple[str, ...] = ("3.10.13", "3.12.12")
 #: Included daily GPU quota per visitor type, in seconds (Hub docs, "Usage Tiers").
 DAILY_QUOTA_S: dict[str, int] = {
     "anonymous": 120,

@@ -128,7 +128,7 @@ def test_preload_list_and_repo_sizes() -> None:
         "facebook/sapiens2-pointmap-1b sapiens2_1b_pointmap.safetensors",
         "facebook/sapiens2-matting-1b sapiens2_1b_matting.safetensors",
         "facebook/sapiens2-pretrain-0.1b sapiens2_0.1b_pretrain.safetensors",
-        "facebook/detr-resnet-50 model.safetensors",
+        "facebook/detr-resnet-50 model.safetensors,config.json",
     ]
     assert {line.split()[0] for line in lines} == hub_cache.default_repos()
     assert hub_cache.size_of("facebook/sapiens2-pretrain-1b-4k") == "1b-4k"

@@ -196,3 +196,21 @@ def test_gpu_entry_residency_under_zerogpu(tmp_path: Path, tiny_checkpoints) -> 
     assert out["missing"]["error"] == "ResidencyError" and out["missing"]["pid"] == second["pid"]
     # control: a plain spaces.GPU function keeps its stale worker, which lacks the new model
     assert out["plain_second"][0] == out["plain_first"][0] and out["plain_second"][1] is False
+
+
+# ----------------------------------------------------------------------------- pins
+
+
+def _pin(path: Path, name: str) -> str:
+    for line in path.read_text().splitlines():
+        if line.split("#")[0].strip().startswith(f"{name}=="):
+            return line.split("==", 1)[1].split("#")[0].strip()
+    raise AssertionError(f"{name} is not pinned exactly in {path}")
+
+
+def test_torch_pin_is_on_the_zerogpu_list_and_shared_with_ci() -> None:
+    root = Path(__file__).resolve().parent.parent
+    pin = _pin(root / "requirements.txt", "torch")
+    assert pin in zerogpu.SUPPORTED_TORCH
+    assert _pin(root / ".ci" / "constraints.txt", "torch") == pin
+    assert torch.__version__.split("+")[0] == pin  # the tests run on the version the Space gets
