@@ -213,8 +213,8 @@ def cuda_emulation() -> Iterator[None]:
     """Make ZeroGPU's CUDA emulation active in this thread for the block; a no-op elsewhere.
 
     spaces enters its torch modes only in the thread that imported it. Gradio runs handlers in
-    worker threads, where ``.to("cuda")`` would reach real CUDA (an error on ZeroGPU) and a packed
-    parameter would report ``cpu``. Wrap every load to "cuda" (model build, weights, pipeline set-up).
+    worker threads, where ``.to("cuda")`` would reach real CUDA (an error on ZeroGPU) and an emulated
+    CUDA parameter would report ``cpu``. Wrap every load to "cuda" (model, weights, pipeline set-up).
     """
     patching = sys.modules.get("spaces.zero.torch.patching")  # imported by spaces only on ZeroGPU
     if patching is None or _in_worker or patching.function_mode in _function_modes():
