@@ -22,7 +22,7 @@ from typing import Any
 
 import gradio as gr
 
-from sapiens2 import serving
+from sapiens2 import hub_cache, serving, zerogpu
 from sapiens2.errors import OptionError
 from sapiens2.limits import MAX_FILE_BYTES
 from sapiens2.tasks import registry
@@ -39,6 +39,7 @@ ZERO_GPU = bool(spaces.config.Config.zero_gpu)
 MAX_FILE_SIZE = f"{MAX_FILE_BYTES // 2**20}mb"  # uploads beyond this are refused before any decoding
 MAX_QUEUE = 32  # waiting requests; more get a "queue is full" error instead of hanging
 DELETE_CACHE = (900, 1800)  # every 15 min, delete Gradio's copies of outputs older than 30 min
+ZERO_GPU_MAX_MODELS = 32  # on ZeroGPU the byte budget decides, not a count
 
 
 def build_demo(
@@ -49,7 +50,9 @@ def build_demo(
     folders: serving.RequestFolders | None = None,
 ) -> gr.Blocks:
     """The whole app as a ``gr.Blocks`` (tests drive exactly this object and its endpoints)."""
-    manager = manager or serving.ModelManager(checkpoints=serving.checkpoints_from_env())
+    manager = manager or serving.ModelManager(
+        checkpoints=serving.checkpoints_from_env(), on_change=zerogpu.resident_changed
+    )
     run = Runner(manager, folders or serving.RequestFolders())
     if concurrency is None:  # ZeroGPU gives each call its own GPU; one CPU/GPU does one at a time
         concurrency = 4 if ZERO_GPU else 1
@@ -147,14 +150,19 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
         device=args.device,
         dtype=_dtype(args.dtype),
         checkpoints=checkpoints,
-        max_models=args.max_models or (2 if ZERO_GPU else serving.DEFAULT_MAX_MODELS),
+        max_models=args.max_models or (ZERO_GPU_MAX_MODELS if ZERO_GPU else serving.DEFAULT_MAX_MODELS),
         size=args.size,
         compile=args.compile,
+        # ZeroGPU: every worker moves all resident weights onto its slice (docs/ZEROGPU.md)
+        max_bytes=zerogpu.cache_budget_bytes(0, zerogpu.ACTIVATION_HEADROOM_BYTES) if ZERO_GPU else None,
+        on_change=zerogpu.resident_changed,  # a fresh GPU worker after every load or eviction
     )
     if ZERO_GPU or args.preload:
         # ZeroGPU packs tensors placed on "cuda" before launch and maps them into every GPU
         # worker: the default size of each task stays warm; other sizes load on demand.
         manager.preload()  # failures are logged; those tasks report the error per request
+    if os.environ.get("SPACE_ID"):  # on a Space: keep the defaults + the latest other size on disk
+        hub_cache.enable_pruning(keep_sizes=1)
     return manager
 
 

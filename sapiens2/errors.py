@@ -27,10 +27,6 @@ class OutOfMemoryError(Sapiens2Error, MemoryError):
     """The accelerator ran out of memory; the message suggests a smaller size."""
 
 
-class NotResidentError(Sapiens2Error):
-    """A GPU function needed a model the server process had not loaded first (it never loads)."""
-
-
 class InputVideoError(InputImageError):
     """An input video cannot be read or used (not a video, corrupt, too long, too large).
 
@@ -40,3 +36,16 @@ class InputVideoError(InputImageError):
 
 class VideoEncodeError(Sapiens2Error):
     """This installation cannot write a video that browsers play (no usable encoder)."""
+
+
+class DiskFullError(WeightsUnavailableError):
+    """A download or write failed because the disk is full (ENOSPC); the message names the folder."""
+
+
+class DeviceError(Sapiens2Error, RuntimeError):
+    """The weights read fine but the device could not take them (no CUDA, an emulated device ...)."""
+
+
+class ResidencyError(Sapiens2Error, RuntimeError):
+    """Device work (a GPU function, a ZeroGPU worker) needed weights the server had not loaded
+    first: it never loads them itself."""

@@ -1,11 +1,12 @@
 """A switch that forbids loading weights, for code that must only use models already resident.
 
 On ZeroGPU the GPU function runs in a worker process forked from the server, billed to the
-visitor's GPU quota: loading a checkpoint there would spend that quota on disk reads, and a
-worker forked before the server loaded a model does not have it at all. The server loads what a
-request needs first, then calls the GPU function inside :func:`loading_forbidden`; every place
-that reads weights calls :func:`check_loading_allowed`, so a missing model is a clear error
-instead of a silent load.
+visitor's GPU quota: loading a checkpoint there would spend that quota on disk reads and be lost
+with the worker, and a worker forked before the server loaded a model does not have it at all.
+The server loads what a request needs first, then makes the device call inside
+:func:`loading_forbidden` (the same rule holds off ZeroGPU, so it is tested on any machine), and a
+ZeroGPU worker forbids loading for its whole life. Every place that reads weights calls
+:func:`check_loading_allowed`, so a missing model is a clear error instead of a silent load.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from .errors import NotResidentError
+from . import zerogpu
+from .errors import ResidencyError
 
 _FORBIDDEN: ContextVar[str | None] = ContextVar("sapiens2_loading_forbidden", default=None)
 
 
 @contextmanager
 def loading_forbidden(where: str = "a GPU function") -> Iterator[None]:
-    """Inside this block (this thread/context only), loading any weights raises NotResidentError."""
+    """Inside this block (this thread/context only), loading any weights raises ResidencyError."""
     token = _FORBIDDEN.set(where)
     try:
         yield
@@ -30,12 +32,13 @@ def loading_forbidden(where: str = "a GPU function") -> Iterator[None]:
 
 
 def check_loading_allowed(what: str) -> None:
-    """Raise NotResidentError naming ``what`` when called inside :func:`loading_forbidden`."""
-    where = _FORBIDDEN.get()
+    """Raise ResidencyError naming ``what`` inside :func:`loading_forbidden` or a ZeroGPU worker."""
+    where = _FORBIDDEN.get() or ("a ZeroGPU worker" if zerogpu.in_gpu_worker() else None)
     if where is not None:
-        raise NotResidentError(
-            f"{what} is not loaded in {where}, which never loads weights: the server process must load it "
-            "before the call. This is a bug in the server; please report it. Trying again may work."
+        raise ResidencyError(
+            f"Refused to load {what} in {where}. The server process loads every model a request needs "
+            "before the device call; loading here would spend the visitor's GPU time and, on ZeroGPU, "
+            "be lost with the worker. This is a bug in the server; please report it."
         )
 
 

@@ -7,16 +7,22 @@ Hub cache (the release file name, then ``model.safetensors``). Only safetensors 
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
+from tqdm import tqdm
 
-from .errors import CheckpointError, OptionError
+from .errors import CheckpointError, DeviceError, OptionError
 from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
 from .weights import _pick_in_folder, find_weights, read_header
+from .zerogpu import cuda_emulation
 from .zoo import get_task
 
 _DTYPES = {
@@ -26,6 +32,19 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
     "fp16": torch.float16,
     "float16": torch.float16,
+}
+#: Bytes per element of the safetensors dtype names (for the progress total; unknown names count 4).
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "BF16": 2,
+    "F16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
 }
 
 
@@ -65,7 +84,8 @@ def load_model(
         raise CheckpointError(f"{path}: {err}") from None
     _check_identity(path, info, task, size)
     _check_keys(path, model, shapes)
-    _load_into(model, path, dev, dtype)
+    with cuda_emulation():  # ZeroGPU: a request thread moves to emulated CUDA too
+        _load_into(model, path, dev, dtype)
     model.checkpoint_path = str(path)  # where the weights came from (shown in UIs and metadata)
     return model.eval()
 
@@ -163,22 +183,71 @@ def _check_keys(path: Path, model: nn.Module, shapes: dict[str, tuple[int, ...]]
 
 
 def _load_into(model: nn.Module, path: Path, dev: torch.device, dtype: torch.dtype) -> None:
-    """Read tensor by tensor straight onto ``dev`` (cast one at a time, so no second full copy) and
-    assign them into the meta-built model."""
-    direct = dev.type in ("cpu", "cuda")
+    """Read each tensor on the CPU (safetensors memory-maps the file), cast it, move it with
+    ``.to(dev)`` and assign the lot into the meta-built model.
+
+    One tensor is in flight at a time, so there is never a second full copy. Nothing asks
+    safetensors for device memory: under ZeroGPU the server process only emulates CUDA, and
+    safetensors' direct CUDA reads go through pinned host memory, which needs a real CUDA context.
+    """
+    keys = expected_keys(model)
     state: dict[str, torch.Tensor] = {}
-    try:
-        with safe_open(str(path), framework="pt", device=str(dev) if direct else "cpu") as fh:
-            for key in expected_keys(model):
-                t = fh.get_tensor(key)
-                if t.is_floating_point() and t.dtype != dtype:
-                    t = t.to(dtype)
-                state[key] = t if direct else t.to(dev)
-    except Exception as err:  # safetensors raises its own error type for damaged files
-        raise CheckpointError(
-            f"Could not read the tensors of {path} ({err}). Delete it and download it again."
-        ) from err
+    with _open_checkpoint(path) as fh, _progress(fh, keys, path) as bar:
+        for key in keys:
+            tensor = _read_tensor(fh, key, path)
+            state[key] = _to_device(tensor, dev, dtype, path)
+            bar.update(tensor.numel() * tensor.element_size())
     model.load_state_dict(state, strict=True, assign=True)
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
     if still_meta:  # cannot happen after a strict load; guards against silent garbage
         raise CheckpointError(f"{path}: parameters left unloaded: {_few(still_meta)}.")
+
+
+@contextmanager
+def _open_checkpoint(path: Path) -> Iterator[Any]:
+    try:
+        fh = safe_open(str(path), framework="pt", device="cpu")
+    except Exception as err:  # safetensors raises its own error type for damaged files
+        raise _damaged(path, err) from err
+    with fh:
+        yield fh
+
+
+def _progress(fh: Any, keys: list[str], path: Path) -> Any:
+    """A byte-counting tqdm bar (the CLI shows it; ``gr.Progress(track_tqdm=True)`` relays it)."""
+    total = 0
+    for key in keys:
+        info = fh.get_slice(key)
+        total += math.prod(info.get_shape()) * _DTYPE_BYTES.get(info.get_dtype(), 4)
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"Loading {path.name}", leave=False)
+
+
+def _read_tensor(fh: Any, key: str, path: Path) -> torch.Tensor:
+    try:
+        return fh.get_tensor(key)
+    except Exception as err:
+        raise _damaged(path, err) from err
+
+
+def _to_device(tensor: torch.Tensor, dev: torch.device, dtype: torch.dtype, path: Path) -> torch.Tensor:
+    """Cast on the CPU (a smaller transfer when narrowing), then move; the file is fine if this fails."""
+    try:
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor = tensor.to(dtype)
+        return tensor.to(dev)
+    except torch.OutOfMemoryError:
+        raise  # the serving layer turns this into its out-of-memory advice
+    except (RuntimeError, AssertionError) as err:  # a CPU-only torch asserts on CUDA
+        raise DeviceError(
+            f"The weights in {path} read fine, but moving them to {dev} failed ({err}). The file "
+            f"is not the problem: check that {dev} is available to this process (for CUDA: a GPU, "
+            "a CUDA build of torch, and under ZeroGPU a server process that has not touched CUDA "
+            "itself), or load on another device."
+        ) from err
+
+
+def _damaged(path: Path, err: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"Could not read the tensors of {path} ({err}): the file is damaged or incomplete. "
+        "Delete it and download it again (for the Hub cache: `hf cache delete`, or remove the file)."
+    )

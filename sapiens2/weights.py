@@ -5,18 +5,36 @@ Only safetensors are ever read (nothing is unpickled). Nothing here knows about 
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import shutil
 import struct
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from .errors import CheckpointError, WeightsUnavailableError
+from .errors import CheckpointError, DiskFullError, WeightsUnavailableError
+from .loadguard import check_loading_allowed
+from .zerogpu import cuda_emulation
+
+log = logging.getLogger(__name__)
 
 ENV_VAR = "SAPIENS2_CHECKPOINTS"
+#: Called with the file's path after each file that had to be downloaded (see ``on_download``).
+_DOWNLOAD_LISTENERS: list[Callable[[Path], None]] = []
+
+
+def on_download(listener: Callable[[Path], None]) -> None:
+    """Call ``listener(path)`` after every weight file that had to be downloaded (not after a cache
+    hit); used to prune the Hub cache (``sapiens2.hub_cache.enable_pruning``). A listener that
+    fails is logged, never fatal. Registering the same listener twice has no effect."""
+    if listener not in _DOWNLOAD_LISTENERS:
+        _DOWNLOAD_LISTENERS.append(listener)
 
 
 def local_root() -> Path | None:
@@ -52,7 +70,11 @@ def find_weights(
     1. ``checkpoint``: a .safetensors file, or a folder holding one;
     2. ``$SAPIENS2_CHECKPOINTS/<local_path>`` (the release's layout, e.g. ``pose/sapiens2_0.4b_pose.safetensors``);
     3. the Hub via ``huggingface_hub`` (its cache; each of ``filenames`` in turn, then ``model.safetensors``).
+
+    Raises ``DiskFullError`` when a download fails for lack of disk space and ``ResidencyError``
+    inside a ZeroGPU worker (weights are loaded by the server process, never during a GPU call).
     """
+    check_loading_allowed(f"the weights of {repo_id}")
     if checkpoint is not None:
         path = Path(checkpoint).expanduser()
         if path.is_dir():
@@ -70,7 +92,6 @@ def find_weights(
     else:
         root_note = ""
 
-    from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     tried = list(dict.fromkeys([*filenames, "model.safetensors"]))
@@ -78,13 +99,16 @@ def find_weights(
     local_only = False
     for name in tried:
         try:
-            return Path(hf_hub_download(repo_id, name, revision=revision, local_files_only=local_only))
+            return _from_hub(repo_id, name, revision, local_only)
         except EntryNotFoundError as err:  # not in the repo, or not in the cache: try the next name
             reasons.append(_hub_reason(err))
             # Local* = the Hub could not be asked (offline, timeout, no connection): the next names
             # are looked up in the cache only, so a timeout is not waited out once per name.
             local_only = local_only or isinstance(err, LocalEntryNotFoundError)
-        except Exception as err:  # gated repo, no such repo ...
+        except Exception as err:  # gated repo, no such repo, disk full ...
+            full = disk_full_error(err, _hub_cache_dir(), f"Downloading {name} from {repo_id}")
+            if full is not None:
+                raise full from err
             reasons.append(_hub_reason(err))
             break
     reason = reasons[0] if reasons else "unknown error"  # the first name's, as the message names it
@@ -94,6 +118,74 @@ def find_weights(
         f"(https://huggingface.co/{repo_id}; accept the licence there if asked), or download the file "
         f"yourself and set {ENV_VAR}=/your/root so that /your/root/{local_path} exists."
     )
+
+
+def _from_hub(repo_id: str, name: str, revision: str | None, local_only: bool) -> Path:
+    """``hf_hub_download`` (tqdm progress included), then mark the file used and tell the
+    download listeners when it was not in the cache before."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    cached = isinstance(try_to_load_from_cache(repo_id, name, revision=revision), str)
+    path = Path(hf_hub_download(repo_id, name, revision=revision, local_files_only=local_only))
+    _mark_used(path)
+    if not cached:
+        for listener in list(_DOWNLOAD_LISTENERS):
+            try:
+                listener(path)
+            except Exception:  # a housekeeping failure must not fail the load
+                log.exception("download listener %r failed for %s", listener, path)
+    return path
+
+
+def _mark_used(path: Path) -> None:
+    """Set the file's access time to now: the Hub cache's "last accessed" then means last used by
+    this package even on filesystems mounted noatime/relatime (hub_cache prunes by it)."""
+    try:
+        os.utime(path, (time.time(), path.stat().st_mtime))
+    except OSError:
+        pass  # read-only cache: nothing to record
+
+
+def _hub_cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def disk_full_error(err: BaseException, folder: str | os.PathLike, what: str) -> DiskFullError | None:
+    """A ``DiskFullError`` naming ``folder`` and its free space when ``err`` (or its cause) is
+    "no space left on device", else None. ``what`` says what failed ("Downloading X", "Writing Y")."""
+    if not _is_disk_full(err):
+        return None
+    folder = Path(folder)
+    try:
+        free = f"{shutil.disk_usage(_existing_parent(folder)).free / 1e9:.1f} GB are free there"
+    except OSError:
+        free = "its free space could not be read"
+    return DiskFullError(
+        f"The disk is full: {what} into {folder} failed ({err}); {free}. Free some space (for the "
+        "Hugging Face cache: `hf cache delete`, or sapiens2.hub_cache.prune), or point HF_HUB_CACHE "
+        "(or HF_HOME) to a disk with more room, then try again."
+    )
+
+
+def _is_disk_full(err: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+            return True
+        if "no space left on device" in str(current).lower():  # e.g. the Xet downloader's errors
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _existing_parent(folder: Path) -> Path:
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    return folder
 
 
 def _hub_reason(err: BaseException) -> str:
@@ -133,9 +225,18 @@ def read_header(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
 
 
 def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """All tensors of a safetensors file, created directly on ``device`` (never unpickles)."""
+    """All tensors of a safetensors file, read on the CPU and then moved to ``device`` (never
+    unpickles; safetensors' direct CUDA reads need a real CUDA context, which ZeroGPU's server
+    process does not have)."""
+    check_loading_allowed(f"the weights in {path}")
     read_header(path)
     try:
-        return load_file(str(path), device=str(device))
+        tensors = load_file(str(path), device="cpu")
     except Exception as err:
-        raise CheckpointError(f"Could not read {path}: {err}. Delete it and download it again.") from err
+        raise CheckpointError(
+            f"Could not read {path} ({err}): the file is damaged or incomplete. Delete it and download it again."
+        ) from err
+    if torch.device(device).type == "cpu":
+        return tensors
+    with cuda_emulation():
+        return {name: t.to(device) for name, t in tensors.items()}

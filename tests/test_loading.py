@@ -219,3 +219,127 @@ def test_describe_checkpoint(tiny_checkpoints) -> None:
     assert info["task"] == "seg" and info["size"] is None
     assert info["kv_heads"] == [4, 2, 2, 4]
     assert info["head"] == {"kind": "deconv", "outputs": 29, "upsample": [16, 8, 4, 4], "conv": [4, 4]}
+
+
+# ----------------------------------------------------------------------------- device, progress, disk
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_failure_does_not_blame_the_file(tiny_checkpoints) -> None:
+    from sapiens2.errors import DeviceError
+
+    with pytest.raises(DeviceError) as err:
+        sapiens2.load_model("pose", checkpoint=tiny_checkpoints["pose"], device="cuda")
+    msg = str(err.value)
+    assert "read fine, but moving them to cuda failed" in msg and "The file is not the problem" in msg
+    assert "download it again" not in msg
+
+
+def test_load_reads_on_cpu_and_reports_progress(tiny_checkpoints, monkeypatch) -> None:
+    """One tqdm bar per load, counting the checkpoint's bytes (what gr.Progress(track_tqdm=True)
+    and the CLI show); safetensors is opened on the CPU (CUDA targets: tests/test_zerogpu.py)."""
+    import sapiens2.loading as loading
+
+    bars: list[dict] = []
+
+    class Bar:
+        def __init__(self, **kwargs) -> None:
+            self.info = {**kwargs, "done": 0}
+            bars.append(self.info)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.info["closed"] = True
+
+        def update(self, n: int) -> None:
+            self.info["done"] += n
+
+    opened: list[str] = []
+    real_open = loading.safe_open
+    monkeypatch.setattr(loading, "tqdm", Bar)
+    monkeypatch.setattr(
+        loading,
+        "safe_open",
+        lambda path, framework, device: opened.append(device) or real_open(path, framework, device=device),
+    )
+    path = tiny_checkpoints["seg"] / "model.safetensors"
+    model = sapiens2.load_model("seg", checkpoint=path, dtype="bf16")
+    total = sum(t.numel() * t.element_size() for t in load_file(str(path)).values())
+    assert opened == ["cpu"]
+    assert len(bars) == 1 and bars[0]["total"] == total == bars[0]["done"] and bars[0]["closed"]
+    assert bars[0]["unit"] == "B" and bars[0]["desc"] == "Loading model.safetensors"
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def _fake_download(error: BaseException):
+    def download(*args, **kwargs):
+        raise error
+
+    return download
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(28, "No space left on device"),
+        RuntimeError("Data processing error: I/O error: No space left on device (os error 28)"),
+    ],
+)
+def test_disk_full_download_says_so(offline_hub: Path, monkeypatch, error) -> None:
+    import huggingface_hub
+
+    from sapiens2.errors import DiskFullError
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", _fake_download(error))
+    with pytest.raises(DiskFullError) as err:
+        sapiens2.load_model("pose", "0.4b", device="cpu")
+    msg = str(err.value)
+    assert msg.startswith(
+        "The disk is full: Downloading sapiens2_0.4b_pose.safetensors from facebook/sapiens2-pose-0.4b"
+    )
+    assert str(offline_hub) in msg and "GB are free there" in msg and "HF_HUB_CACHE" in msg
+    assert "go online" not in msg
+    assert isinstance(err.value, WeightsUnavailableError)  # the app's existing title still applies
+
+
+def test_disk_full_error_helper_for_other_writes(tmp_path: Path) -> None:
+    from sapiens2.weights import disk_full_error
+
+    wrapped = RuntimeError("export failed")
+    wrapped.__cause__ = OSError(28, "No space left on device")
+    err = disk_full_error(wrapped, tmp_path / "not-yet-made", "Writing result.png")
+    assert err is not None and "Writing result.png into" in str(err)
+    assert disk_full_error(OSError(13, "Permission denied"), tmp_path, "Writing x") is None
+
+
+def test_downloads_are_announced_and_cache_hits_marked_used(
+    tiny_checkpoints, offline_hub: Path, monkeypatch
+) -> None:
+    import huggingface_hub
+
+    from sapiens2 import weights
+
+    monkeypatch.setattr(weights, "_DOWNLOAD_LISTENERS", [])
+    heard: list[Path] = []
+    weights.on_download(heard.append)
+    weights.on_download(heard.append)  # registered once
+    snap = place_hf_cache(tiny_checkpoints["seg"], offline_hub, "seg", "0.8b")
+    os.utime(snap, (1_000_000, 1_000_000))
+    assert resolve_checkpoint("seg", "0.8b").resolve() == snap.resolve()
+    assert heard == []  # a cache hit is not a download
+    assert snap.stat().st_atime > 1_000_000 + 3600  # marked used now, mtime kept
+    assert snap.stat().st_mtime == 1_000_000
+
+    real_download = huggingface_hub.hf_hub_download
+    later = place_hf_cache(tiny_checkpoints["seg"], offline_hub / "elsewhere", "seg", "1b")
+
+    def download(repo_id, filename, **kwargs):  # as if fetched now: absent from the cache before
+        if repo_id == "facebook/sapiens2-seg-1b" and filename == "sapiens2_1b_seg.safetensors":
+            return str(later)
+        return real_download(repo_id, filename, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    assert resolve_checkpoint("seg", "1b") == later
+    assert heard == [later]

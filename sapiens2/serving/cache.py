@@ -15,13 +15,15 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import NotResidentError, OptionError, Sapiens2Error
+from ..errors import OptionError, ResidencyError, Sapiens2Error
 from ..loadguard import check_loading_allowed
 from ..tasks import registry
+from ..zerogpu import cuda_emulation
 from .memory import free_accelerator_memory
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,7 @@ class ModelManager:
         self._guard = threading.Lock()  # protects the dicts below, never held while loading
         self._cache: OrderedDict[Key, Any] = OrderedDict()  # least recently used first
         self._pinned: set[Key] = set()
+        self._held: dict[Key, int] = {}  # keys in use by requests in flight -> how many
         self._locks: dict[Key, threading.Lock] = {}
         self.loads = 0  # successful loads (a cache hit does not count)
         self.failures = 0  # failed loads
@@ -153,14 +156,14 @@ class ModelManager:
 
     def get(self, task: str, size: str | None = None, *, pin: bool = False, load: bool = True) -> Any:
         """The pipeline for (task, size), loading it once on first use. ``load=False`` (a GPU
-        function) raises NotResidentError instead of loading."""
+        function) raises ResidencyError instead of loading."""
         key = self.key(task, size)
         with self._guard:
             if (pipe := self._hit(key, pin)) is not None:
                 return pipe
             lock = self._locks.setdefault(key, threading.Lock())
         if not load:
-            raise NotResidentError(f"The {key[0]} {key[1]} model is not loaded in this process.")
+            raise ResidencyError(f"The {key[0]} {key[1]} model is not resident in this process.")
         check_loading_allowed(f"The {key[0]} {key[1]} model")
         with lock:  # one loader per key; others wait here and then find it cached
             with self._guard:
@@ -178,26 +181,49 @@ class ModelManager:
                     self._pinned.add(key)
                 self.loads += 1
                 evicted = self._evict_locked()
+                # under the lock: no request may reach its device call with the old model set
+                self._changed()
         if evicted:
             log.info("model cache: evicted %s", evicted)
             del evicted
             free_accelerator_memory()
-        self._changed()
         return pipe
 
-    def prepare(self, task: str, size: str | None = None, **infer_opts: Any) -> None:
+    def prepare(self, task: str, size: str | None = None, **infer_opts: Any) -> list[Key]:
         """Load everything a request with these options will use (the task's model, the models
-        it borrows, the person detector) here, before any GPU function runs. A borrowed model that
-        cannot be loaded is only logged: the pipeline falls back with a notice."""
+        it borrows, the person detector) here, before any GPU function runs; returns the keys of
+        the models (hold them with :meth:`holding` until the device call returns). A borrowed model
+        that cannot be loaded is only logged: the pipeline falls back with a notice."""
         decl = registry.get(task)
         self.get(decl.name, size)
+        keys = [self.key(decl.name, size)]
         for borrowed in decl.needs(infer_opts):
+            bsize = self.borrowed_size(borrowed, size)
             try:
-                self.get(borrowed, self.borrowed_size(borrowed, size))
+                self.get(borrowed, bsize)
+                keys.append(self.key(borrowed, bsize))
             except Sapiens2Error as err:
                 log.warning("%s model for %s unavailable: %s", borrowed, decl.name, err)
-        if decl.warm is not None and decl.warm(self.device):
-            self._changed()
+        if decl.warm is not None:
+            self._warm(decl)
+        return keys
+
+    @contextmanager
+    def holding(self, keys: Iterable[Key]) -> Iterator[None]:
+        """Keep these models from eviction while a request uses them (until its device call
+        returns), so a concurrent load cannot drop a model between preparation and use."""
+        keys = list(keys)
+        with self._guard:
+            for key in keys:
+                self._held[key] = self._held.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._guard:
+                for key in keys:
+                    self._held[key] -= 1
+                    if not self._held[key]:
+                        del self._held[key]
 
     def preload(self, tasks: Iterable[str] | None = None, *, pin: bool = True) -> dict[str, str]:
         """Load the default size of each task (all by default) and what it always needs; returns
@@ -207,8 +233,8 @@ class ModelManager:
             try:
                 decl = registry.get(task)
                 self.get(decl.name, None, pin=pin)
-                if decl.warm is not None and decl.warm(self.device):
-                    self._changed()
+                if decl.warm is not None:
+                    self._warm(decl)
             except Exception as err:  # report, keep starting
                 failed[task] = f"{type(err).__name__}: {err}"
                 log.warning("preload %s failed: %s", task, failed[task])
@@ -220,13 +246,13 @@ class ModelManager:
         they are packed at launch and dropping them here frees no GPU memory. Returns the
         dropped keys."""
         with self._guard:
-            unpinned = [k for k in self._cache if k not in self._pinned]
+            unpinned = [k for k in self._cache if k not in self._pinned and k not in self._held]
             dropped = unpinned[: max(0, len(unpinned) - max(0, keep))]
             for key in dropped:
                 del self._cache[key]
+            if dropped:
+                self._changed()
         free_accelerator_memory()
-        if dropped:
-            self._changed()
         return dropped
 
     def clear(self) -> None:
@@ -234,11 +260,11 @@ class ModelManager:
         with self._guard:
             self._cache.clear()
             self._pinned.clear()
+            self._changed()
         free_accelerator_memory()
-        self._changed()
 
     def _evict_locked(self) -> list[Key]:
-        unpinned = [k for k in self._cache if k not in self._pinned]
+        unpinned = [k for k in self._cache if k not in self._pinned and k not in self._held]
         evicted = unpinned[: max(0, len(unpinned) - self.max_models)]
         if self.max_bytes is not None:
             total = sum(model_bytes(p) for p in self._cache.values())
@@ -256,6 +282,15 @@ class ModelManager:
         if self.on_change is not None:
             self.on_change()
 
+    def _warm(self, decl: registry.Task) -> None:
+        """Load what the task needs besides models (the person detector) in this process."""
+        check_loading_allowed(f"what {decl.name} needs besides its model")
+        with cuda_emulation():
+            loaded = decl.warm(self.device)
+        if loaded:
+            with self._guard:
+                self._changed()
+
     def _build(self, task: str, size: str) -> Any:
         decl = registry.get(task)
         real_size = None if size == CUSTOM else size
@@ -266,10 +301,11 @@ class ModelManager:
             bsize = self.borrowed_size(borrowed, real_size)
             kwargs[borrowed] = lambda name=borrowed, s=bsize: self.get(name, s)
         t0 = time.perf_counter()
-        if self._factory is not None:
-            pipe = self._factory(task, real_size, **kwargs)
-        else:
-            pipe = decl.pipeline(real_size, **kwargs)
+        with cuda_emulation():  # ZeroGPU: a request thread must place weights on emulated CUDA too
+            if self._factory is not None:
+                pipe = self._factory(task, real_size, **kwargs)
+            else:
+                pipe = decl.pipeline(real_size, **kwargs)
         log.info("loaded %s %s on %s in %.1f s", task, size, self.device, time.perf_counter() - t0)
         if self.compile:  # skipped with a reason off CUDA and on ZeroGPU; never raises
             from ..accel import compile_model

@@ -4,8 +4,7 @@ Only :func:`run_on_device` touches the accelerator; a server passes it (wrapped 
 entry, e.g. ZeroGPU's ``spaces.GPU``) as ``device_call``. Everything else runs in the server
 process: reading the photo, checking options, loading models (the residency decision),
 preparing network inputs, mapping results back to the photo, rendering and writing files.
-Errors are ``sapiens2.errors`` objects; a device call returns an expected error as a value so
-that it crosses a process boundary intact, and the runner raises it again here.
+Errors are ``sapiens2.errors`` objects from end to end (isinstance checks only).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InputImageError, Sapiens2Error
+from ..errors import InputImageError, OutOfMemoryError, Sapiens2Error
 from ..imaging import Intake
 from ..loadguard import loading_forbidden
 from ..tasks import registry
@@ -28,7 +27,7 @@ from .present import Presented, present
 
 log = logging.getLogger(__name__)
 
-#: (task, size, prepared inputs, inference options, seconds to reserve) -> raws or an error
+#: (task, size, prepared inputs, inference options, seconds to reserve) -> raws
 DeviceCall = Callable[[str, str, list[Any], dict[str, Any], int], Any]
 
 
@@ -48,21 +47,18 @@ def run_on_device(
 ) -> Any:
     """The device work of one call: ``pipeline.infer(preps)`` with models already resident.
 
-    Never loads (a missing model is a NotResidentError). Returns the raws, or the package error
-    as a value (pickles intact across ZeroGPU's worker boundary); an out-of-memory trims the
-    cache and becomes OutOfMemoryError with advice."""
-    try:
-        with loading_forbidden():
-            pipe = manager.get(task, size, load=False)
-            try:
-                return pipe.infer(preps, **infer_opts)
-            except Exception as err:
-                if isinstance(err, Sapiens2Error) or not is_out_of_memory(err):
-                    raise
-                manager.trim()
-                raise out_of_memory(registry.get(task).name, size) from err
-    except Sapiens2Error as err:
-        return err
+    Never loads: a missing model is a ResidencyError. An out-of-memory error trims the cache and
+    becomes OutOfMemoryError with advice. Package errors are plain exceptions here; the app's GPU
+    entry (``sapiens2.zerogpu.GpuEntry``) carries them across ZeroGPU's worker boundary intact."""
+    with loading_forbidden():
+        pipe = manager.get(task, size, load=False)
+        try:
+            return pipe.infer(preps, **infer_opts)
+        except Exception as err:
+            if isinstance(err, Sapiens2Error) or not is_out_of_memory(err):
+                raise
+            manager.trim()
+            raise out_of_memory(registry.get(task).name, size) from err
 
 
 @dataclass
@@ -111,14 +107,14 @@ class RequestRunner:
         """Load (here), prepare (here), infer (device call), finish (here): one result per photo."""
         t0 = time.perf_counter()
         name, size, opts = job.task.name, job.size, job.infer_opts
-        self.manager.prepare(name, size, **opts)
-        pipe = self.manager.get(name, size)
-        preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
-        raws = self.device_call(name, size, preps, opts, self.seconds(job))
-        if isinstance(raws, Sapiens2Error):
-            if isinstance(raws, MemoryError):
-                self.manager.trim()  # the worker trimmed its copy; this process holds one too
-            raise raws
+        with self.manager.holding(self.manager.prepare(name, size, **opts)):
+            pipe = self.manager.get(name, size)
+            preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
+            try:
+                raws = self.device_call(name, size, preps, opts, self.seconds(job))
+            except OutOfMemoryError:
+                self.manager.trim()  # a ZeroGPU worker trimmed its own copy; this process holds one too
+                raise
         out = [pipe.finish(raw, intake, **opts) for raw, intake in zip(raws, job.intakes, strict=True)]
         for result in out:
             result.info.total_s = time.perf_counter() - t0

@@ -1,33 +1,35 @@
 """The app's one GPU entry: the device work of any task, for any number of photos.
 
-On ZeroGPU, ``spaces.GPU`` runs it in a worker process that holds a GPU for the requested
-duration (the request's own estimate, see ``sapiens2.serving.gpu_time``); elsewhere the decorator
-does nothing and this is a plain call. The worker gets the model cache by id (it is not picklable;
-a forked worker has its own copy), and returns small raws or a package error as a value.
+``sapiens2.zerogpu.GpuEntry`` runs it through ``spaces.GPU`` on ZeroGPU, in a worker that holds
+the server's current models (the model cache reports every change), and reserves the request's
+own estimate (``RequestRunner.seconds``); elsewhere it is a plain call. The worker gets the model
+cache by id (it is not picklable; a forked worker has its own copy) and returns small raws;
+package errors reach the server as the same exception objects.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import spaces
-
 from ..serving import DeviceCall, ModelManager, run_on_device
+from ..zerogpu import GpuEntry
 
 _MANAGERS: dict[int, ModelManager] = {}
 
 
-def _duration(
+def _on_device(
+    manager_id: int, task: str, size: str, preps: list[Any], opts: dict[str, Any], seconds: int
+) -> Any:
+    return run_on_device(_MANAGERS[manager_id], task, size, preps, opts)
+
+
+def _seconds(
     manager_id: int, task: str, size: str, preps: list[Any], opts: dict[str, Any], seconds: int
 ) -> int:
     return seconds
 
 
-@spaces.GPU(duration=_duration)
-def run_on_gpu(
-    manager_id: int, task: str, size: str, preps: list[Any], opts: dict[str, Any], seconds: int
-) -> Any:
-    return run_on_device(_MANAGERS[manager_id], task, size, preps, opts)
+run_on_gpu: GpuEntry[Any] = GpuEntry(_on_device, duration=_seconds)
 
 
 def device_call(manager: ModelManager) -> DeviceCall:

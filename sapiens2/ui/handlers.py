@@ -21,10 +21,12 @@ import gradio as gr
 from .. import serving
 from ..errors import (
     CheckpointError,
+    DeviceError,
+    DiskFullError,
     InputImageError,
-    NotResidentError,
     OptionError,
     OutOfMemoryError,
+    ResidencyError,
     Sapiens2Error,
     WeightsUnavailableError,
 )
@@ -35,13 +37,15 @@ from .gpu import device_call
 
 log = logging.getLogger("sapiens2.app")
 
-ERROR_TITLES: list[tuple[type[Exception], str]] = [
+ERROR_TITLES: list[tuple[type[Exception], str]] = [  # the first match wins: subclasses first
+    (DiskFullError, "Disk full"),
     (WeightsUnavailableError, "Weights unavailable"),
     (CheckpointError, "Unusable checkpoint"),
     (InputImageError, "Image problem"),
     (OptionError, "Invalid option"),
     (OutOfMemoryError, "Out of GPU memory"),
-    (NotResidentError, "Server error"),
+    (DeviceError, "GPU problem"),
+    (ResidencyError, "Server error"),
 ]
 
 
