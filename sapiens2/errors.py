@@ -46,6 +46,7 @@ class DeviceError(Sapiens2Error, RuntimeError):
     """The weights read fine but the device could not take them (no CUDA, an emulated device ...)."""
 
 
-class ResidencyError(Sapiens2Error, RuntimeError):
+class ResidencyError(WeightsUnavailableError):
     """Device work (a GPU function, a ZeroGPU worker) needed weights the server had not loaded
-    first: it never loads them itself."""
+    first: it never loads them itself. A kind of unavailability, so that the fallbacks for missing
+    optional weights (the person detector, a borrowed segmentation) apply, with this message."""

@@ -1,8 +1,8 @@
 """ZeroGPU mechanics, kept out of the app and the model cache.
 
 - **Durations.** What to pass to ``@spaces.GPU(duration=...)``, what a visitor's daily quota is
-  charged for it once the node's duration factor is applied, and how to split a long list of jobs
-  ("run all tasks") into GPU calls that each fit (:func:`gpu_request`, :func:`split_calls`).
+  charged for it once the node's duration factor is applied (:func:`gpu_request`), and what to tell
+  a visitor before a large run (:func:`cost_notice`). "All tasks" makes one call per task.
 - **Residency.** :class:`GpuEntry` is the app's one GPU entry. A ZeroGPU worker is a fork of the
   server process, reused while idle, so it holds only the models the server had when it was
   forked. After the server loads or drops a model, :func:`resident_changed` makes the next call
@@ -28,7 +28,7 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +39,6 @@ from .errors import Sapiens2Error
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-K = TypeVar("K", bound=Hashable)
 GpuSize = Literal["large", "xlarge"]
 
 #: torch versions ZeroGPU lists as supported (Hub docs "Supported Versions", with 2.12.1 and 2.13.0
@@ -140,34 +139,23 @@ def gpu_request(estimate_s: float, *, gpu_size: GpuSize = "large", factor: float
     return GpuRequest(duration, round(duration * factor), gpu_size)
 
 
-def split_calls(
-    jobs: Sequence[tuple[K, float]],
-    *,
-    budget_s: float | None = None,
-    overhead_s: float = 0.0,
-    factor: float | None = None,
-) -> list[list[K]]:
-    """Group ``(key, estimated seconds)`` jobs, in order, into GPU calls each charged at most
-    ``budget_s`` (default: an anonymous visitor's whole daily quota).
+#: A call charged at least this many seconds is announced to the visitor before it starts.
+ANNOUNCE_CHARGED_S = 40
 
-    Each call costs ``overhead_s`` once (a fresh worker moving the resident weights) plus its jobs'
-    estimates. Greedy in order, which gives the fewest calls for a fixed order. A job that alone
-    exceeds the budget still gets a call of its own: check it with ``gpu_request(...).fits``.
-    """
-    budget = DAILY_QUOTA_S["anonymous"] if budget_s is None else float(budget_s)
-    calls: list[list[K]] = []
-    current: list[K] = []
-    seconds = overhead_s
-    for key, estimate in jobs:
-        charged = gpu_request(seconds + estimate, factor=factor).charged_s
-        if current and charged > budget:
-            calls.append(current)
-            current, seconds = [], overhead_s
-        current.append(key)
-        seconds += estimate
-    if current:
-        calls.append(current)
-    return calls
+
+def cost_notice(estimate_s: float, what: str) -> str | None:
+    """On ZeroGPU, a sentence saying what ``what`` costs of a visitor's daily quota when that is
+    large (at least :data:`ANNOUNCE_CHARGED_S`); None elsewhere and for small runs."""
+    if not zero_gpu_enabled():
+        return None
+    charged = gpu_request(estimate_s).charged_s
+    if charged < ANNOUNCE_CHARGED_S:
+        return None
+    q = DAILY_QUOTA_S
+    return (
+        f"{what} reserves up to {charged} s of ZeroGPU time (daily quota: {q['anonymous']} s without an "
+        f"account, {q['free']} s with a free account, {q['pro']} s with PRO). Smaller sizes cost less."
+    )
 
 
 # ----------------------------------------------------------------------------- memory

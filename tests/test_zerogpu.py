@@ -23,7 +23,6 @@ from sapiens2.zerogpu import (
     duration_factor,
     gpu_request,
     model_bytes,
-    split_calls,
 )
 
 # ----------------------------------------------------------------------------- durations
@@ -63,23 +62,15 @@ def test_gpu_request_rejects_bad_estimates(bad) -> None:
         gpu_request(bad)
 
 
-def test_split_calls_keeps_order_and_budget() -> None:
-    jobs = [("pose", 40), ("seg", 35), ("normal", 35), ("pointmap", 70), ("matting", 12), ("pretrain", 35)]
-    calls = split_calls(jobs, budget_s=120, factor=1.5)
-    assert calls == [["pose", "seg"], ["normal"], ["pointmap"], ["matting", "pretrain"]]
-    seconds = dict(jobs)
-    for call in calls:
-        assert gpu_request(sum(seconds[k] for k in call), factor=1.5).charged_s <= 120
-    assert [k for call in calls for k in call] == [k for k, _ in jobs]
-
-
-def test_split_calls_overhead_and_oversized_jobs() -> None:
-    jobs = [("a", 30), ("b", 30), ("c", 200), ("d", 10)]
-    assert split_calls(jobs, budget_s=120, factor=1.5) == [["a", "b"], ["c"], ["d"]]
-    # a 25 s worker start per call: a + b no longer fit together (25 + 60 = 85 s -> 128 s charged)
-    assert split_calls(jobs, budget_s=120, overhead_s=25, factor=1.5) == [["a"], ["b"], ["c"], ["d"]]
-    assert split_calls([], budget_s=120) == []
-    assert split_calls([("x", 1)] * 3, budget_s=10_000, factor=1.5) == [["x", "x", "x"]]
+def test_large_runs_are_announced_on_zerogpu_only(monkeypatch) -> None:
+    assert zerogpu.cost_notice(200, "This run") is None  # not on ZeroGPU: nothing to announce
+    monkeypatch.setattr(zerogpu, "zero_gpu_enabled", lambda: True)
+    monkeypatch.setattr(zerogpu, "duration_factor", lambda: 1.5)
+    assert zerogpu.cost_notice(10, "This run") is None  # 15 s charged: not worth a word
+    text = zerogpu.cost_notice(60, "Pose 5b")
+    assert (
+        text.startswith("Pose 5b reserves up to 90 s of ZeroGPU time") and "120 s without an account" in text
+    )
 
 
 # ----------------------------------------------------------------------------- memory

@@ -21,7 +21,7 @@ from ..errors import OutOfMemoryError
 from ..imaging import load_image
 from ..render import parse_color
 from ..tasks import registry
-from .cache import CUSTOM, DEFAULT_MAX_MODELS, ModelManager, default_device, model_bytes
+from .cache import CUSTOM, DEFAULT_MAX_MODELS, ModelManager, default_device, pipeline_bytes
 from .checkpoints import CHECKPOINTS_ENV, checkpoints_from_env, parse_checkpoint_specs, task_name
 from .folders import RequestFolders
 from .gpu_time import gpu_seconds
@@ -63,7 +63,7 @@ __all__ = [
     "gpu_seconds",
     "infer",
     "is_out_of_memory",
-    "model_bytes",
+    "pipeline_bytes",
     "parse_checkpoint_specs",
     "parse_color",
     "present",

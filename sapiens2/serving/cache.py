@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .. import zerogpu
 from ..errors import OptionError, ResidencyError, Sapiens2Error
 from ..loadguard import check_loading_allowed
 from ..tasks import registry
@@ -43,12 +44,10 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def model_bytes(pipe: Any) -> int:
+def pipeline_bytes(pipe: Any) -> int:
     """Bytes of a pipeline's weights (0 for stand-ins without a model)."""
     model = getattr(pipe, "model", None)
-    if model is None or not hasattr(model, "parameters"):
-        return 0
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return zerogpu.model_bytes(model) if hasattr(model, "parameters") else 0
 
 
 class ModelManager:
@@ -143,7 +142,7 @@ class ModelManager:
 
     def resident_bytes(self) -> int:
         with self._guard:
-            return sum(model_bytes(p) for p in self._cache.values())
+            return sum(pipeline_bytes(p) for p in self._cache.values())
 
     def _hit(self, key: Key, pin: bool) -> Any:
         """The cached pipeline (marked most recently used), or None; call with ``_guard`` held."""
@@ -246,8 +245,9 @@ class ModelManager:
         they are packed at launch and dropping them here frees no GPU memory. Returns the
         dropped keys."""
         with self._guard:
-            unpinned = [k for k in self._cache if k not in self._pinned and k not in self._held]
-            dropped = unpinned[: max(0, len(unpinned) - max(0, keep))]
+            unpinned = [k for k in self._cache if k not in self._pinned]
+            oldest = unpinned[: max(0, len(unpinned) - max(0, keep))]
+            dropped = [k for k in oldest if k not in self._held]  # in use by a request: kept
             for key in dropped:
                 del self._cache[key]
             if dropped:
@@ -267,12 +267,12 @@ class ModelManager:
         unpinned = [k for k in self._cache if k not in self._pinned and k not in self._held]
         evicted = unpinned[: max(0, len(unpinned) - self.max_models)]
         if self.max_bytes is not None:
-            total = sum(model_bytes(p) for p in self._cache.values())
-            total -= sum(model_bytes(self._cache[k]) for k in evicted)
+            total = sum(pipeline_bytes(p) for p in self._cache.values())
+            total -= sum(pipeline_bytes(self._cache[k]) for k in evicted)
             for key in unpinned[len(evicted) : -1]:  # never the model just loaded (the last)
                 if total <= self.max_bytes:
                     break
-                total -= model_bytes(self._cache[key])
+                total -= pipeline_bytes(self._cache[key])
                 evicted.append(key)
         for key in evicted:
             del self._cache[key]
@@ -316,4 +316,4 @@ class ModelManager:
         return pipe
 
 
-__all__ = ["CUSTOM", "DEFAULT_MAX_MODELS", "ModelManager", "default_device", "model_bytes"]
+__all__ = ["CUSTOM", "DEFAULT_MAX_MODELS", "ModelManager", "default_device", "pipeline_bytes"]

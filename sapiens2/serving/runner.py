@@ -19,9 +19,10 @@ from ..errors import InputImageError, OutOfMemoryError, Sapiens2Error
 from ..imaging import Intake
 from ..loadguard import loading_forbidden
 from ..tasks import registry
+from ..zerogpu import cost_notice
 from .cache import ModelManager
 from .folders import RequestFolders
-from .gpu_time import clamp, start_seconds, work_seconds
+from .gpu_time import clamp, start_seconds, weight_bytes, work_seconds
 from .memory import is_out_of_memory, out_of_memory
 from .present import Presented, present
 
@@ -84,10 +85,12 @@ class RequestRunner:
         manager: ModelManager,
         folders: RequestFolders | None = None,
         device_call: DeviceCall | None = None,
+        announce: Callable[[str], None] | None = None,
     ) -> None:
         self.manager = manager
         self.folders = folders or RequestFolders()
         self.device_call = device_call or (lambda t, s, p, o, _sec: run_on_device(manager, t, s, p, o))
+        self.announce = announce  # tells the visitor what a large run costs (ZeroGPU) before it starts
 
     def job(self, task: str, photos: Sequence[Any], size: str | None, options: Mapping[str, Any]) -> Job:
         """Read and check a request (CPU, no model): InputImageError / OptionError when bad."""
@@ -98,20 +101,31 @@ class RequestRunner:
         return Job(decl, size, intakes, infer_opts, render_opts)
 
     def seconds(self, job: Job) -> int:
-        """The GPU seconds to reserve for the job's device call, its models already loaded: a fresh
-        worker's start with everything resident, plus the work (ZeroGPU scales it by its factor)."""
-        work = work_seconds(job.task.name, job.size, job.pixels, job.infer_opts)
-        return clamp(start_seconds(self.manager.resident_bytes()) + work)
+        """The GPU seconds to reserve for the job's device call: a fresh worker's start with
+        everything resident (at least the job's own models), plus the work (ZeroGPU then scales
+        the reservation by its node's factor)."""
+        name, opts = job.task.name, job.infer_opts
+        resident = max(self.manager.resident_bytes(), weight_bytes(name, job.size, opts))
+        return clamp(start_seconds(resident) + work_seconds(name, job.size, job.pixels, opts))
 
-    def results(self, job: Job) -> list[Any]:
-        """Load (here), prepare (here), infer (device call), finish (here): one result per photo."""
+    def tell_cost(self, seconds: float, what: str) -> None:
+        notice = cost_notice(seconds, what)
+        if notice and self.announce is not None:
+            self.announce(notice)
+
+    def results(self, job: Job, announce: bool = True) -> list[Any]:
+        """Load (here), prepare (here), infer (device call), finish (here): one result per photo.
+        ``announce``: tell the visitor first when the run is costly (see :meth:`tell_cost`)."""
         t0 = time.perf_counter()
         name, size, opts = job.task.name, job.size, job.infer_opts
         with self.manager.holding(self.manager.prepare(name, size, **opts)):
             pipe = self.manager.get(name, size)
             preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
+            seconds = self.seconds(job)
+            if announce:
+                self.tell_cost(seconds, f"This {job.task.tab.lower()} {size} run")
             try:
-                raws = self.device_call(name, size, preps, opts, self.seconds(job))
+                raws = self.device_call(name, size, preps, opts, seconds)
             except OutOfMemoryError:
                 self.manager.trim()  # a ZeroGPU worker trimmed its own copy; this process holds one too
                 raise
@@ -144,14 +158,20 @@ class RequestRunner:
         (each within its own GPU budget). A task that fails gives its error object instead."""
         intake = read_photo(photo)
         out: dict[str, Presented | Sapiens2Error] = {}
+        jobs: dict[str, Job] = {}
         for task, (size, options) in requests.items():
             try:
-                job = self.job(task, [intake], size, options)
-                [result] = self.results(job)
+                jobs[task] = self.job(task, [intake], size, options)
+            except Sapiens2Error as err:
+                out[task] = err
+        self.tell_cost(sum(self.seconds(job) for job in jobs.values()), "Running all tasks")
+        for task, job in jobs.items():
+            try:
+                [result] = self.results(job, announce=False)
                 out[task] = present(result, self.folders.new(), **job.render_opts)
             except Sapiens2Error as err:
                 out[task] = err
-        return out
+        return {task: out[task] for task in requests}
 
 
 __all__ = ["DeviceCall", "Job", "RequestRunner", "read_photo", "run_on_device"]

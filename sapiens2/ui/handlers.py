@@ -39,13 +39,13 @@ log = logging.getLogger("sapiens2.app")
 
 ERROR_TITLES: list[tuple[type[Exception], str]] = [  # the first match wins: subclasses first
     (DiskFullError, "Disk full"),
+    (ResidencyError, "Server error"),
     (WeightsUnavailableError, "Weights unavailable"),
     (CheckpointError, "Unusable checkpoint"),
     (InputImageError, "Image problem"),
     (OptionError, "Invalid option"),
     (OutOfMemoryError, "Out of GPU memory"),
     (DeviceError, "GPU problem"),
-    (ResidencyError, "Server error"),
 ]
 
 
@@ -90,7 +90,7 @@ class Runner:
 
     def __init__(self, manager: ModelManager, folders: RequestFolders | None = None) -> None:
         self.manager = manager
-        self.requests = RequestRunner(manager, folders, device_call(manager))
+        self.requests = RequestRunner(manager, folders, device_call(manager), announce=gr.Info)
 
     def __call__(self, task: str, photo: Any, size: str | None, **options: Any) -> Presented:
         with reported(self.manager):
