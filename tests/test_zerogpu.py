@@ -322,6 +322,27 @@ def test_gpu_entry_residency_under_zerogpu(tmp_path: Path, tiny_checkpoints) -> 
     assert out["plain_second"][0] == out["plain_first"][0] and out["plain_second"][1] is False
 
 
+def test_through_the_app_a_gpu_call_never_loads_under_zerogpu(tmp_path: Path, tiny_checkpoints) -> None:
+    """app.build_demo's one GPU entry, its model cache and Runner under spaces' emulation: before
+    the server loaded the model, and after it dropped it, the worker refuses (ResidencyError from
+    the worker, not a load); a request loads in its handler thread on emulated CUDA, and its GPU
+    call runs in a fresh worker holding the same weights."""
+    out = run_scenario("app", tmp_path, str(tiny_checkpoints["pretrain"]))
+    server = out["server_pid"]
+    assert out["one_entry"] and out["device"] == "cuda"
+    before = out["before"]
+    assert before["error"] == "ResidencyError" and "not resident" in before["message"]
+    assert before["pid"] not in (None, server)  # refused in a worker
+    assert out["server_devices"] == ["cuda:0"] and out["loads"] == 1
+    request = out["request"]
+    assert request["pid"] not in (server, before["pid"])  # a fresh worker after the load
+    assert request["checksum"] == pytest.approx(out["expected"], rel=1e-4)
+    after = out["after_clear"]
+    assert after["error"] == "ResidencyError" and after["pid"] not in (server, request["pid"])
+    assert out["loads_after"] == 1  # nobody loaded it again
+    assert list(out["workers"].values()) == [[after["pid"]]]  # older workers were ended
+
+
 # ----------------------------------------------------------------------------- pins
 
 
