@@ -359,3 +359,31 @@ def test_torch_pin_is_on_the_zerogpu_list_and_shared_with_ci() -> None:
     assert pin in zerogpu.SUPPORTED_TORCH
     assert _pin(root / ".ci" / "constraints.txt", "torch") == pin
     assert torch.__version__.split("+")[0] == pin  # the tests run on the version the Space gets
+
+
+def _front_matter() -> dict:
+    """The Space's configuration: the YAML block at the top of README.md."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert text.startswith("---\n"), "README.md must start with the Space's YAML front matter"
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+def test_space_front_matter_matches_the_code_and_zerogpus_lists() -> None:
+    """README front matter: preload_from_hub equals sapiens2.hub_cache.preload_from_hub() (the
+    defaults the app preloads), python_version is on ZeroGPU's list, the gradio version meets
+    requirements.txt, and the mcp-server tag comes with gradio[mcp]."""
+    from packaging.requirements import Requirement
+
+    from sapiens2 import hub_cache
+
+    meta = _front_matter()
+    assert meta.get("preload_from_hub") == hub_cache.preload_from_hub()
+    assert str(meta.get("python_version")) in zerogpu.SUPPORTED_PYTHON
+    lines = (Path(__file__).resolve().parents[1] / "requirements.txt").read_text().splitlines()
+    reqs = [Requirement(x.split("#")[0]) for x in lines if x.split("#")[0].strip()]
+    gradio = next(r for r in reqs if r.name == "gradio")
+    assert gradio.specifier.contains(str(meta["sdk_version"]))
+    if "mcp-server" in meta.get("tags", []):
+        assert "mcp" in gradio.extras
