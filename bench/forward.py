@@ -12,6 +12,7 @@ printed last. Not a test: numbers depend on the machine and on what else runs on
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -48,20 +49,52 @@ def reference_model(size: str, hw: tuple[int, int], dtype: torch.dtype, device: 
     return Sapiens2Model(config).to(device=device, dtype=dtype).eval()
 
 
+def products_only(model, x: torch.Tensor):
+    """A forward reduced to our backbone's matrix products and attention kernels (same weights,
+    shapes and calls; nothing between them): the floor any implementation of these FLOPs meets."""
+    import torch.nn.functional as F
+
+    b, (h, w) = x.shape[0], x.shape[2:]
+    p = model.config.patch_size
+    n = model.num_prefix_tokens + (h // p) * (w // p)
+    t = torch.randn(b, n, model.config.hidden, dtype=x.dtype, device=x.device)
+    hid = torch.randn(b, n, model.config.ffn_hidden, dtype=x.dtype, device=x.device)
+    qkv = {}
+    for blk in model.blocks:
+        a = blk.attn
+        if a.kv_heads not in qkv:
+            q = torch.randn(b, a.heads, n, a.head_dim, dtype=x.dtype, device=x.device)
+            kv = torch.randn(2, b, a.kv_heads, n, a.head_dim, dtype=x.dtype, device=x.device)
+            qkv[a.kv_heads] = (q, kv[0], kv[1])
+
+    def run(pixels: torch.Tensor) -> None:
+        model.patch_embed(pixels)
+        for blk in model.blocks:
+            a, f = blk.attn, blk.ffn
+            F.linear(t, a.qkv.weight, a.qkv.bias)
+            F.scaled_dot_product_attention(*qkv[a.kv_heads], enable_gqa=a.kv_heads != a.heads)
+            F.linear(t, a.proj.weight, a.proj.bias)
+            F.linear(t, f.w12.weight, f.w12.bias)
+            F.linear(hid, f.w3.weight, f.w3.bias)
+
+    return run
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def timed(fn, x: torch.Tensor, device: str, clock) -> float:
+def timed(fn, x: torch.Tensor, device: str) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of one call."""
     sync(device)
-    start = clock()
+    wall, cpu = time.perf_counter(), time.process_time()
     fn(x)
     sync(device)
-    return clock() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="0.1b", choices=[s for s in ARCHS if not s.endswith("-4k")])
     ap.add_argument("--hw", nargs=2, type=int, default=(512, 384), metavar=("H", "W"))
@@ -74,13 +107,22 @@ def main() -> None:
         "--clock",
         default="wall",
         choices=["wall", "cpu"],
-        help="cpu: this process's CPU time (steadier than wall time on a shared CPU; use with --threads 1)",
+        help="the clock of the table (ratios are printed by both); cpu: this process's CPU time, "
+        "steadier than wall time on a shared CPU (use with --threads 1)",
     )
-    args = ap.parse_args()
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time our matrix products and attention kernels alone (the floor)",
+    )
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype, device, hw = DTYPES[args.dtype], args.device, tuple(args.hw)
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     ref = reference_model(args.size, hw, dtype, device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,29 +137,44 @@ def main() -> None:
         "ours (release bf16 RoPE)": lambda t: ours(t).patch_features,
         "ours (fp32 RoPE)": lambda t: ours_fp32_rope(t).patch_features,
     }
-    times: dict[str, list[float]] = {name: [] for name in impls}
+    if args.floor:
+        impls["products only (floor)"] = products_only(ours, x)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in impls}
     with torch.inference_mode():
         for fn in impls.values():  # warm-up (kernels, caches, allocator)
             fn(x)
         for _ in range(args.runs):
             for name, fn in impls.items():  # alternate so drifting machine load hits all alike
-                times[name].append(timed(fn, x, device, clock))
+                times[name].append(timed(fn, x, device))
+    report(args, times)
 
+
+def report(args: argparse.Namespace, times: dict[str, list[tuple[float, float]]]) -> None:
+    hw = tuple(args.hw)
     flops = None
     if ARCHS[args.size].tflops_1024x768 and hw == (1024, 768):
         flops = ARCHS[args.size].tflops_1024x768 * 1e12 * args.batch
+    load = f", load average {os.getloadavg()[0]:.1f}" if args.device == "cpu" else ""
     print(
-        f"size {args.size}, input {args.batch}x3x{hw[0]}x{hw[1]}, {args.dtype} on {device}, "
-        f"threads {torch.get_num_threads()}, median of {args.runs}"
+        f"torch {torch.__version__}, size {args.size}, input {args.batch}x3x{hw[0]}x{hw[1]}, {args.dtype} "
+        f"on {args.device}, threads {torch.get_num_threads()}{load}, median of {args.runs}, {args.clock} clock"
     )
-    med = {name: statistics.median(ts) for name, ts in times.items()}
-    for name, m in med.items():
+    pick = 1 if args.clock == "cpu" else 0
+    for name, ts in times.items():
+        m = statistics.median(t[pick] for t in ts)
         rate = f", {flops / m / 1e12:.1f} TFLOP/s" if flops else ""
-        print(
-            f"  {name:26s} {m * 1000:9.1f} ms  (runs: {', '.join(f'{t * 1000:.0f}' for t in times[name])}){rate}"
-        )
-    print(f"ratio ours(fp32 RoPE)/transformers: {med['ours (fp32 RoPE)'] / med['transformers']:.3f}")
-    print(f"ratio ours/transformers: {med['ours (release bf16 RoPE)'] / med['transformers']:.3f}")
+        runs = ", ".join(f"{t[pick] * 1000:.0f}" for t in ts)
+        print(f"  {name:26s} {m * 1000:9.1f} ms  (runs: {runs}){rate}")
+    rows = [("ours(fp32 RoPE)", "ours (fp32 RoPE)"), ("ours", "ours (release bf16 RoPE)")]
+    if args.floor:
+        rows.append(("floor", "products only (floor)"))
+    for label, name in rows:
+        ratio = [
+            statistics.median(t[i] for t in times[name])
+            / statistics.median(t[i] for t in times["transformers"])
+            for i in (1, 0)
+        ]
+        print(f"ratio {label}/transformers: {ratio[0]:.3f} by CPU time, {ratio[1]:.3f} by wall clock")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .errors import CheckpointError, DeviceError, OptionError
+from .nn.backbone import fuse_qkv_in_state
 from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
 from .weights import _pick_in_folder, find_weights, read_header
 from .zerogpu import cuda_emulation
@@ -197,6 +198,7 @@ def _load_into(model: nn.Module, path: Path, dev: torch.device, dtype: torch.dty
             tensor = _read_tensor(fh, key, path)
             state[key] = _to_device(tensor, dev, dtype, path)
             bar.update(tensor.numel() * tensor.element_size())
+    fuse_qkv_in_state(model, state)
     model.load_state_dict(state, strict=True, assign=True)
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
     if still_meta:  # cannot happen after a strict load; guards against silent garbage

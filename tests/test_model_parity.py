@@ -109,6 +109,37 @@ def test_state_dict_keeps_checkpoint_names_and_values(parity_models) -> None:
         assert torch.equal(mine[key], value), key
 
 
+def _storages(tensors) -> dict[int, int]:
+    """data pointer -> bytes of each distinct storage behind ``tensors``."""
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+
+def test_fused_model_round_trips_to_release_names_without_extra_memory(parity_models, tmp_path) -> None:
+    """pose's tiny backbone has full and grouped-query layers, QK-norm, registers, layer scale."""
+    _, folder = parity_models["pose"]
+    saved = load_file(str(folder / "model.safetensors"))
+    ours = sapiens2.load_model("pose", checkpoint=folder, device="cpu", rope_dtype=torch.float32)
+    names = [n for n, _ in ours.named_parameters()]
+    assert "backbone.blocks.1.attn.qkv.weight" in names and not any(".attn.wq." in n for n in names)
+    # parameters hold the file's bytes once: the fused q/k/v replaced the parts, none kept aside
+    params = _storages(ours.parameters())
+    assert sum(params.values()) == sum(t.numel() * t.element_size() for t in saved.values())
+    # state_dict() gives release names as views of the fused weights, not copies
+    mine = ours.state_dict()
+    assert set(_storages(mine.values())) <= set(params)
+    # save -> strict load: through the loader (strict key check) and into a fresh module
+    path = tmp_path / "round_trip.safetensors"
+    save_file({k: v.clone() for k, v in mine.items()}, str(path))  # clone: views share storage
+    again = sapiens2.load_model("pose", checkpoint=path, device="cpu", rope_dtype=torch.float32)
+    fresh, _ = build_from_shapes({k: tuple(v.shape) for k, v in saved.items()}, rope_dtype=torch.float32)
+    fresh.to_empty(device="cpu").load_state_dict(mine, strict=True)
+    x = torch.randn(1, 3, *HW["pose"], generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        expected = ours(x).heatmaps
+        assert torch.equal(again(x).heatmaps, expected)
+        assert torch.equal(fresh.eval()(x).heatmaps, expected)
+
+
 def test_arch_read_from_shapes(parity_models) -> None:
     _, folder = parity_models["pointmap"]
     info = sapiens2.describe_checkpoint(folder)

@@ -173,6 +173,19 @@ def _fuse_qkv_on_load(module: Attention, state_dict: dict, prefix: str, *_args) 
         state_dict[f"{prefix}qkv.{kind}"] = torch.cat(parts, dim=0)
 
 
+def fuse_qkv_in_state(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Fuse every attention's ``wq``/``wk``/``wv`` tensors of ``state_dict`` into ``qkv``, in place.
+
+    The load pre-hook does the same, but on load_state_dict's shallow copy of the dict, so the
+    caller's dict would keep every part alive until the load ends (one more copy of all q/k/v
+    weights). Fusing in the caller's dict first frees each layer's parts as soon as they are
+    joined; the pre-hook then finds nothing left to do.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, Attention):
+            _fuse_qkv_on_load(module, state_dict, f"{name}." if name else "")
+
+
 def _split_qkv_on_save(module: Attention, state_dict: dict, prefix: str, _meta) -> None:
     for kind, present in (("weight", (True, True, True)), ("bias", module.qkv_bias)):
         fused = state_dict.pop(f"{prefix}qkv.{kind}", None)
@@ -194,18 +207,21 @@ def apply_rope(
     Results are written contiguous in (B, heads, N, head_dim), the layout SDPA reads fastest.
     """
     dtype = q.dtype
+    half = q.shape[-1] // 2
     out = []
     for x in (q, k):
         x = x.to(cos.dtype)
-        half = x.shape[-1] // 2
-        swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-        if torch.is_grad_enabled() and x.requires_grad:  # out= is not differentiable
-            rotated = x * cos
-        else:
-            rotated = torch.mul(x, cos, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
-        # two rounded products then a rounded sum, exactly as the reference computes it (a fused
+        if torch.is_grad_enabled() and x.requires_grad:  # in-place and out= are not differentiable
+            swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+            out.append((x * cos + swapped * sin).to(dtype))
+            continue
+        rotated = torch.mul(x, cos, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
+        # each half gets the other half's product added in place: no rotate_half copy of x. Two
+        # rounded products then a rounded sum, exactly as the reference computes it (a fused
         # addcmul would round once and drift from the release's bfloat16 numbers)
-        out.append(rotated.add_(swapped.mul_(sin)).to(dtype))
+        rotated[..., :half].add_(x[..., half:] * sin[:, :half])
+        rotated[..., half:].add_(x[..., :half] * sin[:, half:])
+        out.append(rotated.to(dtype))
     return out[0], out[1]
 
 
@@ -274,9 +290,11 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w12(x).chunk(2, dim=-1)  # first half is the gate
-        return self.w3(
-            F.silu(gate).mul_(up)
-        )  # mul_ on silu's fresh output (silu's backward needs its input only)
+        if torch.is_grad_enabled() and gate.requires_grad:  # silu's backward needs its input
+            return self.w3(F.silu(gate) * up)
+        # in place in the gate half of w12's output: w3 reads it through its row stride, so no
+        # (N, hidden) buffer is allocated, and silu runs on it at the speed of a contiguous tensor
+        return self.w3(F.silu(gate, inplace=True).mul_(up))
 
 
 class Block(nn.Module):
