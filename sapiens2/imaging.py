@@ -689,29 +689,6 @@ def box_to_center_scale(
     return center, np.maximum(scale, np.float32([aspect, 1.0]))
 
 
-def crop_window(
-    boxes: np.ndarray,
-    image_hw: tuple[int, int],
-    *,
-    padding: float = 1.25,
-    aspect: float = INPUT_SIZE[1] / INPUT_SIZE[0],
-    margin: int = 3,
-) -> tuple[int, int, int, int]:
-    """``(x0, y0, x1, y1)``: the part of an image that the crops of ``boxes`` read, clipped to it.
-
-    The union of the crop windows (:func:`box_to_center_scale`) plus ``margin`` pixels for the
-    interpolation's neighbours (bicubic reads 2 beyond the sample). Cropping an image to it and
-    shifting the boxes by ``(x0, y0)`` gives the same person crops from fewer pixels.
-    """
-    h, w = image_hw
-    center, scale = box_to_center_scale(boxes, padding, aspect)
-    lo, hi = center - scale / 2, center + scale / 2
-    x0, y0 = np.floor(lo.min(0)).astype(int) - margin
-    x1, y1 = np.ceil(hi.max(0)).astype(int) + margin + 1
-    x0, y0 = int(np.clip(x0, 0, w - 1)), int(np.clip(y0, 0, h - 1))
-    return x0, y0, int(np.clip(x1, x0 + 1, w)), int(np.clip(y1, y0 + 1, h))
-
-
 def warp_matrix(
     center: np.ndarray, scale: np.ndarray, out_wh: tuple[int, int] = (INPUT_SIZE[1], INPUT_SIZE[0])
 ) -> np.ndarray:
@@ -790,6 +767,43 @@ class CropInfo:
 CropBackend = Literal["auto", "cv2", "torch"]
 
 
+def crop_geometry(boxes: np.ndarray, out_hw: tuple[int, int] = INPUT_SIZE, padding: float = 1.25) -> CropInfo:
+    """Centres, crop sizes and matrices of the person crops of (N, 4) xyxy ``boxes``."""
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    out_wh = (out_hw[1], out_hw[0])
+    center, scale = box_to_center_scale(boxes, padding, out_hw[1] / out_hw[0])
+    mats = warp_matrix(center, scale, out_wh)
+    return CropInfo(center, scale, mats, inverse_warp_matrix(center, scale, out_wh), tuple(out_hw))
+
+
+def _enlarges(info: CropInfo) -> np.ndarray:
+    # zoom > 1 means the crop enlarges the picture: bicubic; otherwise bilinear
+    return np.minimum(info.matrices[:, 0, 0], info.matrices[:, 1, 1]) >= 1.0
+
+
+def warp_crops(
+    img: np.ndarray, boxes: np.ndarray, *, out_hw: tuple[int, int] = INPUT_SIZE, padding: float = 1.25
+) -> tuple[np.ndarray, CropInfo]:
+    """The release's person crops of an (H, W, 3) uint8 image: (N, *out_hw, 3) uint8.
+
+    ``cv2.warpAffine`` with the UDP matrix, zero border, ``INTER_CUBIC`` when the crop enlarges
+    the picture and ``INTER_AREA`` otherwise (which warpAffine runs as ``INTER_LINEAR``).
+    """
+    info = crop_geometry(boxes, out_hw, padding)
+    crops = np.empty((len(info.matrices), out_hw[0], out_hw[1], 3), dtype=np.uint8)
+    src = np.ascontiguousarray(img)
+    for i, (m, up) in enumerate(zip(info.matrices, _enlarges(info), strict=True)):
+        crops[i] = cv2.warpAffine(
+            src,
+            m,
+            (out_hw[1], out_hw[0]),
+            flags=cv2.INTER_CUBIC if up else cv2.INTER_AREA,
+            borderMode=cv2.BORDER_CONSTANT,
+            borderValue=0,
+        )
+    return crops, info
+
+
 def crop_people(
     img: np.ndarray,
     boxes: np.ndarray,
@@ -799,61 +813,33 @@ def crop_people(
     out_hw: tuple[int, int] = INPUT_SIZE,
     padding: float = 1.25,
     backend: CropBackend = "auto",
-    origin: tuple[int, int] = (0, 0),
 ) -> tuple[torch.Tensor, CropInfo]:
     """Affine-crop every box of an (H, W, 3) uint8 image to ``out_hw``; normalised (N, 3, *out_hw).
 
-    The warp is the release's: UDP matrix, zero border, bilinear when the crop shrinks the image
-    and bicubic when it enlarges it (OpenCV's warpAffine has no INTER_AREA; it falls back to
-    bilinear, so the release effectively does this too). Two backends give the same sampling:
-    ``cv2`` (cv2.warpAffine on the CPU, then the uint8 crops are uploaded) and ``torch``
-    (grid_sample on ``device`` after uploading the image once). ``auto`` uses torch on CUDA and
-    cv2 elsewhere.
-
-    ``origin``: where ``img``'s top-left pixel lies in the image that ``boxes`` (and the returned
-    geometry) are in, when ``img`` is only the part of it the crops read (:func:`crop_window`):
-    the sampling shifts by whole pixels, so the crops stay the same.
+    Two backends: ``cv2`` (the release's own warp, :func:`warp_crops`, on the CPU; the uint8
+    crops are uploaded) and ``torch`` (grid_sample on ``device`` after uploading the image once,
+    sampling at the same points, rounded to whole grey levels as the uint8 warp: within 1 grey
+    level of it, nearly all pixels equal). ``auto`` uses torch on CUDA and cv2 elsewhere.
     """
-    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-    out_wh = (out_hw[1], out_hw[0])
-    center, scale = box_to_center_scale(boxes, padding, out_hw[1] / out_hw[0])
-    mats = warp_matrix(center, scale, out_wh)
-    info = CropInfo(center, scale, mats, inverse_warp_matrix(center, scale, out_wh), tuple(out_hw))
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if backend == "auto":
         backend = "torch" if dev.type == "cuda" else "cv2"
-    if len(boxes) == 0:
-        return torch.empty((0, 3, *out_hw), dtype=dtype, device=dev), info
-    # zoom > 1 means the crop enlarges the picture: bicubic; otherwise bilinear
-    enlarge = np.minimum(mats[:, 0, 0], mats[:, 1, 1]) >= 1.0
-    # crop px -> img px: the inverse warpAffine computes itself, shifted by whole pixels
-    sample = invert_affine(mats) - np.array([[0.0, 0.0, origin[0]], [0.0, 0.0, origin[1]]])
-    if backend == "cv2":
-        crops = np.empty((len(boxes), out_hw[0], out_hw[1], 3), dtype=np.uint8)
-        src = np.ascontiguousarray(img)
-        for i in range(len(boxes)):  # one warp per person; cheap next to the model
-            flag = cv2.INTER_CUBIC if enlarge[i] else cv2.INTER_LINEAR
-            crops[i] = cv2.warpAffine(
-                src,
-                sample[i],
-                out_wh,
-                flags=flag | cv2.WARP_INVERSE_MAP,
-                borderMode=cv2.BORDER_CONSTANT,
-                borderValue=0,
-            )
-        return normalize(torch.from_numpy(crops).to(dev).permute(0, 3, 1, 2), dtype), info
-    if backend != "torch":
+    if backend not in ("cv2", "torch"):
         raise OptionError(f"Unknown crop backend {backend!r}; choose one of: auto, cv2, torch.")
-    return normalize(_grid_crops(img, sample, info.out_hw, dev, enlarge), dtype), info
+    if backend == "cv2" or len(np.asarray(boxes).reshape(-1, 4)) == 0:
+        crops, info = warp_crops(img, boxes, out_hw=out_hw, padding=padding)
+        return normalize(torch.from_numpy(crops).to(dev).permute(0, 3, 1, 2), dtype), info
+    info = crop_geometry(boxes, out_hw, padding)
+    return normalize(_grid_crops(img, info, dev), dtype), info
 
 
-def _grid_crops(
-    img: np.ndarray, sample: np.ndarray, out_hw: tuple[int, int], dev: torch.device, enlarge: np.ndarray
-) -> torch.Tensor:
+def _grid_crops(img: np.ndarray, info: CropInfo, dev: torch.device) -> torch.Tensor:
     src = to_device(img, dev).float()  # (1, 3, H, W)
     h, w = src.shape[-2:]
-    oh, ow = out_hw
-    inv = torch.as_tensor(sample, dtype=torch.float32, device=dev)  # (N, 2, 3) crop px -> img px
+    oh, ow = info.out_hw
+    enlarge = _enlarges(info)
+    # crop px -> img px as warpAffine inverts its matrix
+    inv = torch.as_tensor(invert_affine(info.matrices), dtype=torch.float32, device=dev)
     ys, xs = torch.meshgrid(
         torch.arange(oh, dtype=torch.float32, device=dev),
         torch.arange(ow, dtype=torch.float32, device=dev),
@@ -887,7 +873,7 @@ __all__ = [
     "box_to_center_scale",
     "crop_people",
     "crop_to_image",
-    "crop_window",
+    "crop_geometry",
     "invert_affine",
     "inverse_warp_matrix",
     "letterbox",
@@ -898,5 +884,6 @@ __all__ = [
     "stretch_to",
     "to_device",
     "unletterbox",
+    "warp_crops",
     "warp_matrix",
 ]

@@ -3,8 +3,8 @@
 Flow of :class:`PosePipeline`, in its three stages (``__call__`` = all three in a row):
 
 1. ``prepare`` (CPU, server): intake done by the caller (upright RGB + a working copy of at most
-   ``max_side`` px); caller boxes checked and clipped; the prep keeps only the uint8 pixels the
-   device step needs (the window around known boxes, else the working copy);
+   ``max_side`` px); caller boxes checked and clipped; the prep keeps only uint8 pixels: the
+   release's person crops of known boxes when smaller than the working copy, else the copy;
 2. ``infer`` (the device step; on ZeroGPU the only part inside the GPU function): person boxes
    where a prep has none (``detect_people``: DETR, an injected detector, or the whole image
    ``[0, 0, w-1, h-1]``); every box -> centre, size x1.25, widened to 3:4 -> UDP affine crop to
@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .. import imaging
 from ..errors import OptionError
-from ..imaging import ImageSource, Intake, apply_affine, crop_people, crop_window
+from ..imaging import CropInfo, ImageSource, Intake, apply_affine, crop_geometry, crop_people, warp_crops
 from ..metadata import FLIP_INDEX, NUM_KEYPOINTS
 from ..options import Option
 from ..zoo import get_task
@@ -134,14 +135,14 @@ class PoseResult(TaskResult):
 class PosePrep:
     """One photo's input to the device step (small and picklable: uint8 pixels, no model data).
 
-    ``image`` is the working copy, or only the part of it that the crops of known ``boxes`` read
-    (:func:`sapiens2.imaging.crop_window`); ``offset`` is where that part starts in the working
-    copy. ``boxes`` (P, 4) are in working-copy pixels; None: the device step runs the detector.
+    Without boxes: the working copy, and the device step runs the detector. With ``boxes``
+    (P, 4, working-copy pixels): the release's uint8 person crops made here when they are
+    smaller than the working copy (a large photo), else the working copy.
     """
 
-    image: np.ndarray
-    offset: tuple[int, int] = (0, 0)
+    image: np.ndarray | None  # (h, w, 3) uint8 working copy
     boxes: np.ndarray | None = None
+    crops: np.ndarray | None = None  # (P, H, W, 3) uint8 at the network input size
     notices: list[str] = field(default_factory=list)
 
 
@@ -225,18 +226,21 @@ class PosePipeline(Pipeline):
         self, intake: Intake, *, boxes: Any = None, flip_test: bool | None = None, **_: Any
     ) -> PosePrep:
         """The device step's input: caller boxes checked and clipped (OptionError when unusable),
-        and the pixels the crops read (the window around known boxes, else the working copy)."""
+        and the uint8 pixels the device step needs (see :class:`PosePrep`)."""
         from ..detect import detect_people
 
         self._flip_test(flip_test)
+        work = intake.work
         if boxes is None:
-            return PosePrep(intake.work)
+            return PosePrep(work)
         notices = list(getattr(boxes, "notices", []))
         # a Detections works too; detect_people checks the shape and clips to the image
-        found = detect_people(intake.work, boxes=intake.boxes_to_work(getattr(boxes, "boxes", boxes)))
+        found = detect_people(work, boxes=intake.boxes_to_work(getattr(boxes, "boxes", boxes)))
         in_h, in_w = self.network_hw
-        x0, y0, x1, y1 = crop_window(found.boxes, intake.work.shape[:2], aspect=in_w / in_h)
-        return PosePrep(intake.work[y0:y1, x0:x1], (x0, y0), found.boxes, notices)
+        if len(found.boxes) * in_h * in_w * 3 >= work.nbytes:
+            return PosePrep(work, found.boxes, notices=notices)
+        crops, _ = warp_crops(work, found.boxes, out_hw=self.network_hw)
+        return PosePrep(None, found.boxes, crops, notices)
 
     def infer(
         self,
@@ -252,52 +256,20 @@ class PosePipeline(Pipeline):
         flip = self._flip_test(flip_test)
         info = self.run_info()
         found = [self._people(p, score_threshold, max_people) for p in batch]
-        crops = [
-            crop_people(
-                p.image,
-                d.boxes,
-                device=self.device,
-                dtype=self.dtype,
-                out_hw=self.network_hw,
-                origin=p.offset,
-            )
-            for p, d in zip(batch, found, strict=True)
-        ]
+        crops = [self._crops(p, d.boxes) for p, d in zip(batch, found, strict=True)]
         if not crops:
             return []
         kp, scores, bad = self._keypoints(torch.cat([x for x, _ in crops]), info, flip)
+        share = replace(info, model_s=info.model_s / len(batch))  # one forward for the batch
         raws, start = [], 0
         for prep, det, (x, geom) in zip(batch, found, crops, strict=True):
             people = slice(start, start + x.shape[0])
             start = people.stop
+            kp_work = apply_affine(kp[people], geom.inverse).astype(np.float32)
             raws.append(
-                self._raw(prep, det, kp[people], scores[people], geom.inverse, int(bad[people].sum()))
+                _raw(prep, det, kp_work, scores[people], int(bad[people].sum()), flip, replace(share))
             )
-            raws[-1].flip_test = flip
-            raws[-1].info = replace(info, model_s=info.model_s / len(batch))  # one forward, shared
         return raws
-
-    @staticmethod
-    def _raw(
-        prep: PosePrep, det: Detections, kp: np.ndarray, scores: np.ndarray, inverse: np.ndarray, bad: int
-    ) -> PoseRaw:
-        """One photo's crop-pixel keypoints -> working-copy pixels, with its boxes and notices."""
-        notices = _merged(prep.notices, det.notices)
-        if bad:
-            notices.append(
-                f"The pose model returned NaN/inf in {bad} heatmap(s); those values were treated as 0."
-            )
-        return PoseRaw(
-            keypoints=apply_affine(kp, inverse).astype(np.float32),
-            scores=scores,
-            boxes=np.asarray(det.boxes, dtype=np.float32),
-            box_scores=np.asarray(det.scores, dtype=np.float32),
-            source=det.source,
-            num_found=int(det.num_found),
-            flip_test=False,  # set by infer
-            info=RunInfo("pose", None, "", ""),  # set by infer
-            notices=notices,
-        )
 
     def finish(self, raw: PoseRaw, intake: Intake, **_: Any) -> PoseResult:
         """Working-copy pixels -> the photo's pixels, as a :class:`PoseResult`."""
@@ -315,6 +287,16 @@ class PosePipeline(Pipeline):
             num_found=raw.num_found,
             flip_test=raw.flip_test,
         )
+
+    def _crops(self, prep: PosePrep, boxes: np.ndarray) -> tuple[torch.Tensor, CropInfo]:
+        """Normalised crops on the device and their geometry (crops made in prepare, or here)."""
+        if prep.crops is None:
+            return crop_people(
+                prep.image, boxes, device=self.device, dtype=self.dtype, out_hw=self.network_hw
+            )
+        pixels = torch.from_numpy(prep.crops).permute(0, 3, 1, 2)
+        x = imaging.normalize(imaging.to_device(pixels, self.device), self.dtype)
+        return x, crop_geometry(boxes, self.network_hw)
 
     def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
         from ..detect import Detections, detect_people
@@ -356,6 +338,34 @@ class PosePipeline(Pipeline):
         kp_hm, scores, _ = decode_checked(heatmaps)
         kp_crop = heatmap_to_crop(kp_hm, tuple(heatmaps.shape[-2:]), self.network_hw)
         return kp_crop.cpu().numpy(), scores.cpu().numpy().astype(np.float32), bad.cpu().numpy()
+
+
+def _raw(
+    prep: PosePrep,
+    det: Detections,
+    keypoints: np.ndarray,
+    scores: np.ndarray,
+    bad: int,
+    flip_test: bool,
+    info: RunInfo,
+) -> PoseRaw:
+    """One photo's device result: keypoints and boxes in working-copy pixels, and its notices."""
+    notices = _merged(prep.notices, det.notices)
+    if bad:
+        notices.append(
+            f"The pose model returned NaN/inf in {bad} heatmap(s); those values were treated as 0."
+        )
+    return PoseRaw(
+        keypoints=keypoints,
+        scores=scores,
+        boxes=np.asarray(det.boxes, dtype=np.float32),
+        box_scores=np.asarray(det.scores, dtype=np.float32),
+        source=det.source,
+        num_found=int(det.num_found),
+        flip_test=flip_test,
+        info=info,
+        notices=notices,
+    )
 
 
 def _merged(*lists: list[str]) -> list[str]:
