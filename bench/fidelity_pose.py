@@ -9,7 +9,9 @@
 3. pickled bytes of what crosses the ZeroGPU boundary for a 12 MP photo: before (the interim
    stages sent the Intake in and the whole result back) and after (PosePrep / PoseRaw,
    FeaturesPrep / FeaturesRaw);
-4. features input: cv2 INTER_LINEAR on uint8 vs the previous float bilinear.
+4. features input: cv2 INTER_LINEAR on uint8 vs the previous float bilinear;
+5. bf16 pose: keypoints of an all-bf16 model and of one whose last layer (``conv_pose``) runs in
+   float32 (patched here, for the experiment only), against the float32 model.
 
 Numbers are for random weights (tiny checkpoint, 1024x768 input): they show how far a rule moves
 the output, not accuracy.
@@ -126,18 +128,62 @@ def features_input() -> None:
         )
 
 
+class Fp32Last(torch.nn.Module):
+    """The head's last 1x1 conv in float32 on float32 input (what nn/heads.py would do)."""
+
+    def __init__(self, conv: torch.nn.Conv2d) -> None:
+        super().__init__()
+        self.conv = conv.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x.float())
+
+
+def bf16_pose(checkpoint: Path) -> None:
+    print(
+        "\n## 5. bf16 pose vs float32: keypoint distance (px, points scoring > 0 in both) and heatmap levels"
+    )
+    print(
+        "| photo | all bf16: median / p90 | last layer fp32: median / p90 | distinct heatmap values bf16 / fp32-last |"
+    )
+    print("|---|---|---|---|")
+    pipes = {}
+    pipes["f32"] = PosePipeline(checkpoint=checkpoint, detector=None)
+    pipes["bf16"] = PosePipeline(checkpoint=checkpoint, dtype=torch.bfloat16, detector=None)
+    pipes["last"] = PosePipeline(checkpoint=checkpoint, dtype=torch.bfloat16, detector=None)
+    head = pipes["last"].model.decode_head
+    setattr(head, head.predictor_name, Fp32Last(getattr(head, head.predictor_name)))
+    for path in PHOTOS[:4]:
+        intake = load_image(path)
+        ref = pipes["f32"](intake, flip_test=False)
+        cells, levels = [], []
+        for name in ("bf16", "last"):
+            res = pipes[name](intake, flip_test=False)
+            ok = (ref.scores[0] > 0) & (res.scores[0] > 0)
+            d = np.linalg.norm(res.keypoints[0][ok] - ref.keypoints[0][ok], axis=-1)
+            cells.append(f"{np.median(d):.2f} / {np.percentile(d, 90):.2f}")
+            with torch.inference_mode():
+                x, _ = crop_people(
+                    intake.work,
+                    np.array([[0, 0, intake.work.shape[1] - 1, intake.work.shape[0] - 1]]),
+                    dtype=torch.bfloat16,
+                )
+                levels.append(str(len(torch.unique(pipes[name].model(x).heatmaps[0, 0].float()))))
+        print(f"| {path.stem[:28]} | {cells[0]} | {cells[1]} | {' / '.join(levels)} |")
+
+
 def main() -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, cv2 {cv2.__version__}, CPU threads {torch.get_num_threads()}")
     with tempfile.TemporaryDirectory() as tmp:
-        pose = PosePipeline(
-            checkpoint=make_tiny_checkpoint("pose", Path(tmp) / "pose", seed=3), detector=None
-        )
+        pose_ckpt = make_tiny_checkpoint("pose", Path(tmp) / "pose", seed=3)
+        pose = PosePipeline(checkpoint=pose_ckpt, detector=None)
         feats = FeaturesPipeline(checkpoint=make_tiny_checkpoint("pretrain", Path(tmp) / "pt", seed=5))
         crops()
         fallback(pose)
         sizes(pose, feats)
         features_input()
+        bf16_pose(pose_ckpt)
 
 
 if __name__ == "__main__":
