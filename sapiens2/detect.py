@@ -2,7 +2,8 @@
 
 ``detect_people`` is what pipelines call. It never fails for want of a detector: caller boxes
 are used as given; without weights, with detection turned off, or when nobody is found, the
-whole image becomes one box, and ``Detections.notices`` says so in words.
+whole image becomes one box (``[0, 0, w - 1, h - 1]``, as in the release), and
+``Detections.notices`` says so in words.
 
 Checkpoint: ``facebook/detr-resnet-50`` (Apache-2.0), ``model.safetensors`` of the **main**
 revision, the file huggingface_hub fetches by default and the one most users already have in
@@ -202,7 +203,8 @@ def _as_boxes(boxes: Any, what: str) -> np.ndarray:
 
 def _whole_image(image: np.ndarray, notice: str, notices: list[str] | None = None) -> Detections:
     h, w = image.shape[:2]
-    box = np.array([[0.0, 0.0, w, h]], dtype=np.float32)
+    # the release's fallback (vis_pose.py): the last pixel's centre, not the far image edge
+    box = np.array([[0.0, 0.0, w - 1, h - 1]], dtype=np.float32)
     return Detections(box, np.ones(1, np.float32), "whole_image", 0, [*(notices or []), notice])
 
 

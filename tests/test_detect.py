@@ -305,13 +305,15 @@ def test_no_person_gives_whole_image(tiny_det: PersonDetector) -> None:
     assert len(det(image, score_threshold=1.0)) == 0  # the detector itself reports nothing
     found = detect_people(image, detector=det, score_threshold=1.0)
     assert found.source == "whole_image" and found.num_found == 0
-    np.testing.assert_array_equal(found.boxes, np.float32([[0, 0, 53, 37]]))
+    np.testing.assert_array_equal(
+        found.boxes, np.float32([[0, 0, 52, 36]])
+    )  # the release: [0, 0, w - 1, h - 1]
     assert "No person found" in found.notices[0] and "whole image" in found.notices[0]
 
 
 def test_detector_none_gives_whole_image() -> None:
     found = detect_people(np.zeros((30, 40, 3), np.uint8), detector=None)
-    assert found.source == "whole_image" and found.boxes.tolist() == [[0, 0, 40, 30]]
+    assert found.source == "whole_image" and found.boxes.tolist() == [[0, 0, 39, 29]]
     assert "detection is off" in found.notices[0]
 
 
@@ -347,7 +349,7 @@ def test_unavailable_weights_then_local_root(
     with pytest.raises(detect.WeightsUnavailableError, match="facebook/detr-resnet-50"):
         PersonDetector.load()
     found = detect_people(image)
-    assert found.source == "whole_image" and found.boxes.tolist() == [[0, 0, 53, 37]]
+    assert found.source == "whole_image" and found.boxes.tolist() == [[0, 0, 52, 36]]
     assert (
         "facebook/detr-resnet-50" in found.notices[0]
         and "$SAPIENS2_CHECKPOINTS/detector/" in found.notices[0]

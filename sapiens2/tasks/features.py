@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 
+from .. import imaging
 from ..errors import OptionError
-from ..imaging import stretch_to
+from ..imaging import Intake
 from ..zoo import get_task
-from .base import Pipeline, TaskResult
+from .base import Pipeline, RunInfo, TaskResult
 from .registry import Compare, Task, View, forward_seconds
 
 
@@ -54,28 +56,72 @@ class FeaturesResult(TaskResult):
         return [Path(p) for p in paths]
 
 
+@dataclass
+class FeaturesPrep:
+    """One photo resized to the network input on the CPU, still uint8 (small to send)."""
+
+    pixels: np.ndarray  # (H, W, 3) uint8
+
+
+@dataclass
+class FeaturesRaw:
+    """One photo's device result at network resolution, in the model's dtype (bf16 is kept as
+    bf16: half the bytes of float32 and exactly the values the network produced)."""
+
+    embedding: torch.Tensor  # (D,)
+    patch_features: torch.Tensor  # (D, h, w), h, w = network input / 16
+    info: RunInfo
+
+
 class FeaturesPipeline(Pipeline):
-    """Backbone features: ``FeaturesPipeline()(photo)`` (default size 0.1b) -> :class:`FeaturesResult`."""
+    """Backbone features: ``FeaturesPipeline()(photo)`` (default size 0.1b) -> :class:`FeaturesResult`.
+
+    Stages: :meth:`prepare` resizes to the network input on the CPU (``cv2.INTER_LINEAR`` on
+    uint8, as the release's feature-extraction demo), :meth:`infer` normalises on the device and
+    runs one forward for every photo of the batch, :meth:`finish` converts to float32 and checks
+    the values.
+    """
 
     task = "pretrain"
 
     def __call__(self, image: Any) -> FeaturesResult:
-        t0, intake, info, notices = self._begin(image)
-        x = stretch_to(intake.work, self.network_hw, self.device, self.dtype)
-        out = self.timed_forward(info, x)
-        emb = out.cls_embedding[0].float()
-        patches = out.patch_features[0].float()
+        t0 = time.perf_counter()
+        intake = self._prepare(image)
+        [raw] = self.infer([self.prepare(intake)])
+        result = self.finish(raw, intake)
+        result.info.total_s = time.perf_counter() - t0
+        return result
+
+    def prepare(self, intake: Intake, **_: Any) -> FeaturesPrep:
+        h, w = self.network_hw
+        work = intake.work
+        if work.shape[:2] == (h, w):
+            return FeaturesPrep(work)
+        return FeaturesPrep(cv2.resize(work, (w, h), interpolation=cv2.INTER_LINEAR))
+
+    def infer(self, batch: list[FeaturesPrep], **_: Any) -> list[FeaturesRaw]:
+        if not batch:
+            return []
+        info = self.run_info()
+        pixels = torch.from_numpy(np.stack([p.pixels for p in batch])).permute(0, 3, 1, 2)
+        out = self.timed_forward(info, imaging.normalize(imaging.to_device(pixels, self.device), self.dtype))
+        share = replace(info, model_s=info.model_s / len(batch))  # one forward, shared
+        emb, patches = out.cls_embedding.cpu(), out.patch_features.cpu()
+        return [FeaturesRaw(emb[i].clone(), patches[i].clone(), replace(share)) for i in range(len(batch))]
+
+    def finish(self, raw: FeaturesRaw, intake: Intake, **_: Any) -> FeaturesResult:
+        emb, patches = raw.embedding.float(), raw.patch_features.float()
+        notices = list(intake.notices)
         if not (bool(torch.isfinite(emb).all()) and bool(torch.isfinite(patches).all())):
             notices.append("The backbone returned non-finite values; similarity may be meaningless.")
-        info.total_s = time.perf_counter() - t0
         return FeaturesResult(
             image=intake.rgb,
-            info=info,
+            info=replace(raw.info),
             notices=notices,
             downscaled=intake.downscaled,
             name=intake.name,
-            embedding=emb.cpu().numpy(),
-            patch_features=patches.contiguous().cpu().numpy(),
+            embedding=emb.numpy(),
+            patch_features=patches.contiguous().numpy(),
         )
 
 

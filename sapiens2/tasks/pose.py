@@ -1,31 +1,34 @@
 """Top-down pose with 308 keypoints: people boxes -> crops -> one forward -> keypoints on the photo.
 
-Flow of :class:`PosePipeline`:
+Flow of :class:`PosePipeline`, in its three stages (``__call__`` = all three in a row):
 
-1. intake (upright RGB + a working copy of at most ``max_side`` px);
-2. person boxes on the working copy: ``detect_people`` (DETR, an injected detector, the
-   caller's boxes, or the whole image);
-3. every box -> centre, size x1.25, widened to 3:4 -> UDP affine crop to 768x1024
-   (:func:`sapiens2.imaging.crop_people`);
-4. ONE forward for all crops, plus their mirrored copies when ``flip_test`` (mirrored heatmaps
-   flipped back, left/right channels swapped, averaged with the plain ones);
-5. :func:`decode_heatmaps` (argmax + DARK-UDP) on the model's device, heatmap px -> crop px ->
-   working-image px -> original px. Only the final (P, 308) arrays go to the CPU.
+1. ``prepare`` (CPU, server): intake done by the caller (upright RGB + a working copy of at most
+   ``max_side`` px); caller boxes checked and clipped; the prep keeps only uint8 pixels: the
+   release's person crops of known boxes when smaller than the working copy, else the copy;
+2. ``infer`` (the device step; on ZeroGPU the only part inside the GPU function): person boxes
+   where a prep has none (``detect_people``: DETR, an injected detector, or the whole image
+   ``[0, 0, w-1, h-1]``); every box -> centre, size x1.25, widened to 3:4 -> UDP affine crop to
+   768x1024 (:func:`sapiens2.imaging.crop_people`); ONE forward for all crops of all preps, plus
+   their mirrored copies when ``flip_test`` (mirrored heatmaps flipped back, left/right channels
+   swapped, averaged with the plain ones); :func:`decode_heatmaps` (argmax + DARK-UDP) in float32
+   on the device; heatmap px -> crop px -> working-copy px. Only (P, 308) arrays come back;
+3. ``finish`` (CPU, server): working-copy px -> original px, the :class:`PoseResult`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from .. import imaging
 from ..errors import OptionError
-from ..imaging import ImageSource, Intake, apply_affine, crop_people
+from ..imaging import CropInfo, ImageSource, Intake, apply_affine, crop_geometry, crop_people, warp_crops
 from ..metadata import FLIP_INDEX, NUM_KEYPOINTS
 from ..options import Option
 from ..zoo import get_task
@@ -33,7 +36,10 @@ from .base import Pipeline, RunInfo, TaskResult
 from .pose_codec import decode_checked, decode_heatmaps, flip_back, heatmap_to_crop, merge_flip
 from .registry import Switch, Task, View, forward_seconds
 
-__all__ = ["PosePipeline", "PoseResult", "decode_heatmaps", "flip_back", "merge_flip"]
+if TYPE_CHECKING:
+    from ..detect import Detections
+
+__all__ = ["PosePipeline", "PosePrep", "PoseRaw", "PoseResult", "decode_heatmaps", "flip_back", "merge_flip"]
 
 
 @dataclass(kw_only=True)
@@ -125,6 +131,36 @@ class PoseResult(TaskResult):
         return int(self.image.shape[1]), int(self.image.shape[0])
 
 
+@dataclass
+class PosePrep:
+    """One photo's input to the device step (small and picklable: uint8 pixels, no model data).
+
+    Without boxes: the working copy, and the device step runs the detector. With ``boxes``
+    (P, 4, working-copy pixels): the release's uint8 person crops made here when they are
+    smaller than the working copy (a large photo), else the working copy.
+    """
+
+    image: np.ndarray | None  # (h, w, 3) uint8 working copy
+    boxes: np.ndarray | None = None
+    crops: np.ndarray | None = None  # (P, H, W, 3) uint8 at the network input size
+    notices: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PoseRaw:
+    """One photo's device result: per person a box and 308 keypoints in working-copy pixels."""
+
+    keypoints: np.ndarray  # (P, 308, 2) float32
+    scores: np.ndarray  # (P, 308) float32
+    boxes: np.ndarray  # (P, 4) float32
+    box_scores: np.ndarray  # (P,) float32
+    source: str
+    num_found: int
+    flip_test: bool
+    info: RunInfo
+    notices: list[str] = field(default_factory=list)
+
+
 class PosePipeline(Pipeline):
     """308-keypoint pose: ``PosePipeline("0.4b")(photo)`` -> :class:`PoseResult`.
 
@@ -132,6 +168,10 @@ class PosePipeline(Pipeline):
     DETR; the whole image when its weights are missing), ``None`` (whole image), a
     :class:`sapiens2.detect.PersonDetector`, or any callable ``f(rgb) -> boxes | (boxes, scores)
     | Detections`` working in the pixels of the image it is given.
+
+    Stages: :meth:`prepare` (CPU: checks, caller boxes, the pixels the crops need), :meth:`infer`
+    (the device: detection, crops, one forward for every crop of every photo, decoding; returns
+    only keypoints and boxes), :meth:`finish` (CPU: back to the photo's pixels).
     """
 
     task = "pose"
@@ -154,7 +194,7 @@ class PosePipeline(Pipeline):
         image: ImageSource | Intake,
         *,
         boxes: Any = None,
-        flip_test: bool = False,
+        flip_test: bool | None = None,
         score_threshold: float = 0.3,
         max_people: int = 20,
     ) -> PoseResult:
@@ -162,82 +202,175 @@ class PosePipeline(Pipeline):
 
         ``boxes``: (P, 4) x1, y1, x2, y2 in original-image pixels (or a ``Detections``) to skip
         detection. ``score_threshold`` / ``max_people`` apply to detected people.
-        ``flip_test`` also runs mirrored crops (in the same batch) and averages: slower, a little
-        more accurate.
+        ``flip_test`` also runs mirrored crops (in the same batch) and averages: a little more
+        accurate, one extra crop per person. None (default): on when the model is on a GPU, off
+        on a CPU (where it doubles the time).
         """
-        from ..detect import detect_people
+        t0 = time.perf_counter()
+        intake = self._prepare(image)
+        opts = {"flip_test": flip_test, "score_threshold": score_threshold, "max_people": max_people}
+        [raw] = self.infer([self.prepare(intake, boxes=boxes, **opts)], **opts)
+        result = self.finish(raw, intake)
+        result.info.total_s = time.perf_counter() - t0
+        return result
 
+    def _flip_test(self, flip_test: bool | None) -> bool:
+        """``flip_test`` checked; None becomes the device's default (on for CUDA)."""
+        if flip_test is None:
+            return self.device.type == "cuda"
         if not isinstance(flip_test, bool):
             raise OptionError(f"flip_test must be True or False; got {flip_test!r}.")
-        t0, intake, info, notices = self._begin(image)
-        work_boxes = None
-        if boxes is not None:
-            notices += list(getattr(boxes, "notices", []))
-            # a Detections works too; detect_people checks the shape and clips to the image
-            work_boxes = intake.boxes_to_work(getattr(boxes, "boxes", boxes))
-        found = detect_people(
-            intake.work,
-            boxes=work_boxes,
+        return flip_test
+
+    def prepare(
+        self, intake: Intake, *, boxes: Any = None, flip_test: bool | None = None, **_: Any
+    ) -> PosePrep:
+        """The device step's input: caller boxes checked and clipped (OptionError when unusable),
+        and the uint8 pixels the device step needs (see :class:`PosePrep`)."""
+        from ..detect import detect_people
+
+        self._flip_test(flip_test)
+        work = intake.work
+        if boxes is None:
+            return PosePrep(work)
+        notices = list(getattr(boxes, "notices", []))
+        # a Detections works too; detect_people checks the shape and clips to the image
+        found = detect_people(work, boxes=intake.boxes_to_work(getattr(boxes, "boxes", boxes)))
+        in_h, in_w = self.network_hw
+        if len(found.boxes) * in_h * in_w * 3 >= work.nbytes:
+            return PosePrep(work, found.boxes, notices=notices)
+        crops, _ = warp_crops(work, found.boxes, out_hw=self.network_hw)
+        return PosePrep(None, found.boxes, crops, notices)
+
+    def infer(
+        self,
+        batch: list[PosePrep],
+        *,
+        flip_test: bool | None = None,
+        score_threshold: float = 0.3,
+        max_people: int = 20,
+        **_: Any,
+    ) -> list[PoseRaw]:
+        """Detection where a prep has no boxes, then ONE forward for all crops of all preps (and
+        their mirrors with ``flip_test``), decoded on the device; keypoints in working-copy px."""
+        flip = self._flip_test(flip_test)
+        info = self.run_info()
+        found = [self._people(p, score_threshold, max_people) for p in batch]
+        crops = [self._crops(p, d.boxes) for p, d in zip(batch, found, strict=True)]
+        if not crops:
+            return []
+        kp, scores, bad = self._keypoints(torch.cat([x for x, _ in crops]), info, flip)
+        share = replace(info, model_s=info.model_s / len(batch))  # one forward for the batch
+        raws, start = [], 0
+        for prep, det, (x, geom) in zip(batch, found, crops, strict=True):
+            people = slice(start, start + x.shape[0])
+            start = people.stop
+            kp_work = apply_affine(kp[people], geom.inverse).astype(np.float32)
+            raws.append(
+                _raw(prep, det, kp_work, scores[people], int(bad[people].sum()), flip, replace(share))
+            )
+        return raws
+
+    def finish(self, raw: PoseRaw, intake: Intake, **_: Any) -> PoseResult:
+        """Working-copy pixels -> the photo's pixels, as a :class:`PoseResult`."""
+        return PoseResult(
+            image=intake.rgb,
+            info=replace(raw.info),
+            notices=_merged(intake.notices, raw.notices),
+            downscaled=intake.downscaled,
+            name=intake.name,
+            boxes=intake.boxes_to_original(raw.boxes),
+            box_scores=raw.box_scores,
+            keypoints=intake.points_to_original(raw.keypoints),
+            scores=raw.scores,
+            detection_source=raw.source,
+            num_found=raw.num_found,
+            flip_test=raw.flip_test,
+        )
+
+    def _crops(self, prep: PosePrep, boxes: np.ndarray) -> tuple[torch.Tensor, CropInfo]:
+        """Normalised crops on the device and their geometry (crops made in prepare, or here)."""
+        if prep.crops is None:
+            return crop_people(
+                prep.image, boxes, device=self.device, dtype=self.dtype, out_hw=self.network_hw
+            )
+        pixels = torch.from_numpy(prep.crops).permute(0, 3, 1, 2)
+        x = imaging.normalize(imaging.to_device(pixels, self.device), self.dtype)
+        return x, crop_geometry(boxes, self.network_hw)
+
+    def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
+        from ..detect import Detections, detect_people
+
+        if prep.boxes is not None:
+            return Detections(prep.boxes, np.ones(len(prep.boxes), np.float32), "caller", len(prep.boxes))
+        return detect_people(
+            prep.image,
             detector=self.detector,
             score_threshold=score_threshold,
             max_people=max_people,
             device=self.device,
         )
-        notices += [n for n in found.notices if n not in notices]
 
-        keypoints, scores = self.keypoints_on_work(
-            intake.work, found.boxes, info, notices, flip_test=flip_test
-        )
-        info.total_s = time.perf_counter() - t0
-        return PoseResult(
-            image=intake.rgb,
-            info=info,
-            notices=notices,
-            downscaled=intake.downscaled,
-            name=intake.name,
-            boxes=intake.boxes_to_original(found.boxes),
-            box_scores=np.asarray(found.scores, dtype=np.float32),
-            keypoints=intake.points_to_original(keypoints),
-            scores=scores,
-            detection_source=found.source,
-            num_found=int(found.num_found),
-            flip_test=flip_test,
-        )
+    def _keypoints(
+        self, x: torch.Tensor, info: RunInfo, flip_test: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(N, 308, 2) keypoints in crop pixels, (N, 308) scores and (N,) counts of non-finite
+        heatmaps for a batch of N crops.
 
-    def keypoints_on_work(
-        self,
-        work: np.ndarray,
-        boxes: np.ndarray,
-        info: RunInfo,
-        notices: list[str],
-        *,
-        flip_test: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(P, 308, 2) keypoints in ``work`` pixels and (P, 308) scores for (P, 4) boxes there.
-
-        All crops (and their mirrors) go through the model in one batch; decoding runs on the
-        model's device and only the final arrays come back.
+        The mirrored crops join the same forward; decoding runs in float32 on the model's
+        device and only the final arrays come back.
         """
-        in_hw = self.network_hw
-        x, crops = crop_people(work, boxes, device=self.device, dtype=self.dtype, out_hw=in_hw)
         p = x.shape[0]
         if flip_test:
             x = torch.cat([x, x.flip(-1)])
+        # float32 before the flip average and the decoding: a bf16 model's heatmaps hold 8
+        # significant bits, which the averaging and DARK's log-derivatives must not lose more of
         heatmaps = self.timed_forward(info, x).heatmaps.float()
         if heatmaps.shape[1] != NUM_KEYPOINTS:
             raise OptionError(
                 f"The pose model returned {heatmaps.shape[1]} heatmaps; this pipeline expects {NUM_KEYPOINTS}."
             )
+        # maps holding NaN/inf, per crop (the decoder treats those values as 0)
+        bad = (~torch.isfinite(heatmaps)).flatten(2).any(-1).sum(1)
+        bad = (bad[:p] + bad[p:]) if flip_test else bad
         if flip_test:
             heatmaps = merge_flip(heatmaps[:p], heatmaps[p:], FLIP_INDEX)
-        kp_hm, scores, bad = decode_checked(heatmaps)
-        if bad:
-            notices.append(
-                f"The pose model returned NaN/inf in {bad} heatmap(s); those values were treated as 0."
-            )
-        kp_crop = heatmap_to_crop(kp_hm, tuple(heatmaps.shape[-2:]), in_hw)
-        kp_work = apply_affine(kp_crop, crops.inverse)
-        return kp_work.cpu().numpy().astype(np.float32), scores.cpu().numpy().astype(np.float32)
+        kp_hm, scores, _ = decode_checked(heatmaps)
+        kp_crop = heatmap_to_crop(kp_hm, tuple(heatmaps.shape[-2:]), self.network_hw)
+        return kp_crop.cpu().numpy(), scores.cpu().numpy().astype(np.float32), bad.cpu().numpy()
+
+
+def _raw(
+    prep: PosePrep,
+    det: Detections,
+    keypoints: np.ndarray,
+    scores: np.ndarray,
+    bad: int,
+    flip_test: bool,
+    info: RunInfo,
+) -> PoseRaw:
+    """One photo's device result: keypoints and boxes in working-copy pixels, and its notices."""
+    notices = _merged(prep.notices, det.notices)
+    if bad:
+        notices.append(
+            f"The pose model returned NaN/inf in {bad} heatmap(s); those values were treated as 0."
+        )
+    return PoseRaw(
+        keypoints=keypoints,
+        scores=scores,
+        boxes=np.asarray(det.boxes, dtype=np.float32),
+        box_scores=np.asarray(det.scores, dtype=np.float32),
+        source=det.source,
+        num_found=int(det.num_found),
+        flip_test=flip_test,
+        info=info,
+        notices=notices,
+    )
+
+
+def _merged(*lists: list[str]) -> list[str]:
+    """Notices in order, each once."""
+    return list(dict.fromkeys(n for notices in lists for n in notices))
 
 
 # ----------------------------------------------------------------------------- declaration
