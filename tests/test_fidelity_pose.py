@@ -201,8 +201,8 @@ def test_flip_default_is_on_for_a_gpu_off_for_a_cpu_in_ui_api_and_pipeline(pose_
     assert TASK.split({}, gpu=True)[0]["flip_test"] is True
     assert TASK.split({}, gpu=False)[0]["flip_test"] is False
     on, off = option_widget(flip, gpu=True), option_widget(flip, gpu=False)
-    assert on.value is True and on.label.endswith("(default on on this GPU)")
-    assert off.value is False and off.label.endswith("(default off on this CPU)")
+    assert on.value is True and on.label.endswith("(on by default on this GPU)")
+    assert off.value is False and off.label.endswith("(off by default on this CPU)")
     for gpu in (True, False):
         doc = task_endpoint(lambda *a, **k: None, TASK, gpu).__doc__
         assert (

@@ -23,7 +23,8 @@ def option_widget(opt: Option, gpu: bool) -> gr.components.Component:
     value = opt.default_for(gpu)
     label = opt.label
     if opt.gpu_default is not None and opt.gpu_default != opt.default:
-        label = f"{opt.label} (default {'on' if value else 'off'} on this {'GPU' if gpu else 'CPU'})"
+        state = "on" if value else "off"
+        label = f"{opt.label} ({state} by default on this {'GPU' if gpu else 'CPU'})"
     if opt.kind == "bool":
         return gr.Checkbox(bool(value), label=label)
     if opt.kind in ("float", "int"):
