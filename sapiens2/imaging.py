@@ -613,11 +613,53 @@ class PadInfo:
 
 
 def pad_info(source_hw: tuple[int, int], hw: tuple[int, int] = INPUT_SIZE) -> PadInfo:
-    """The release's letterbox geometry: scale to fit, round the size, centre (top/left = pad//2)."""
+    """The release's letterbox geometry: ``scale = min(W / w, H / h)``, new size ``int(w * scale)``
+    (truncated, as the release does; rounding shifts landscape photos by a pixel), centred with
+    top/left = pad // 2. Sizes are kept >= 1 so a 2x10000 strip still has a row."""
     h, w = source_hw
-    s = min(hw[0] / h, hw[1] / w)
-    ih, iw = min(hw[0], max(1, round(h * s))), min(hw[1], max(1, round(w * s)))
+    scale = min(hw[1] / w, hw[0] / h)  # the release's expression, so float ties truncate alike
+    ih, iw = min(hw[0], max(1, int(h * scale))), min(hw[1], max(1, int(w * scale)))
     return PadInfo((hw[0] - ih) // 2, (hw[1] - iw) // 2, (ih, iw), tuple(hw), (h, w))
+
+
+# --- the release's network inputs made on the CPU as uint8 (the stages' ``prepare``) ---------
+
+
+def stretch_release(img: np.ndarray, hw: tuple[int, int] = INPUT_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> ``hw`` uint8, aspect ignored, with the release's segmentation rule:
+    ``cv2.INTER_AREA`` when the width shrinks, ``cv2.INTER_CUBIC`` otherwise."""
+    flag = cv2.INTER_AREA if hw[1] < img.shape[1] else cv2.INTER_CUBIC
+    return cv2.resize(np.ascontiguousarray(img), (hw[1], hw[0]), interpolation=flag)
+
+
+def letterbox_release(img: np.ndarray, hw: tuple[int, int] = INPUT_SIZE) -> tuple[np.ndarray, PadInfo]:
+    """(H, W, 3) uint8 -> (``hw``, 3) uint8 canvas: :func:`pad_info`'s size, ``cv2.INTER_LINEAR``,
+    zero padding (the normalised tensor then reads ``-mean/std`` there, as in the release)."""
+    pad = pad_info(img.shape[:2], hw)
+    inner = cv2.resize(np.ascontiguousarray(img), pad.inner_hw[::-1], interpolation=cv2.INTER_LINEAR)
+    canvas = np.zeros((*hw, 3), np.uint8)
+    canvas[pad.top : pad.top + pad.inner_hw[0], pad.left : pad.left + pad.inner_hw[1]] = inner
+    return canvas, pad
+
+
+def stretch_antialiased(img: np.ndarray, hw: tuple[int, int] = INPUT_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> ``hw`` uint8 the way transformers' Sapiens2 processor does (matting's
+    only published path): torchvision's bilinear resize with antialias on the uint8 image, which
+    is torch's own uint8 antialiased bilinear on the CPU."""
+    arr = np.ascontiguousarray(img)
+    t = torch.from_numpy(arr if arr.flags.writeable else arr.copy()).permute(2, 0, 1)[None]
+    if tuple(t.shape[-2:]) != tuple(hw):
+        t = F.interpolate(t, size=hw, mode="bilinear", align_corners=False, antialias=True)
+    return np.ascontiguousarray(t[0].permute(1, 2, 0).numpy())
+
+
+def network_batch(
+    images: list[np.ndarray], device: str | torch.device | None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Prepared (h, w, 3) uint8 inputs of one size -> normalised (B, 3, h, w) on ``device``: the
+    bytes travel as uint8 (4x less than float) and are normalised there."""
+    batch = torch.from_numpy(np.stack(images))  # a fresh, writable array
+    return normalize(to_device(batch.permute(0, 3, 1, 2), device), dtype)
 
 
 def letterbox(
@@ -658,10 +700,15 @@ def unletterbox(
     Outputs at a different resolution than the canvas (e.g. a head at 1/4 size) are handled
     by scaling the pad geometry. ``out_hw`` defaults to ``pad.source_hw``.
     """
+    return resize_to(crop_padding(t, pad), out_hw or pad.source_hw, mode)
+
+
+def crop_padding(t: torch.Tensor, pad: PadInfo) -> torch.Tensor:
+    """The letterbox padding cut off a (..., H, W) output (geometry scaled to its resolution)."""
     fy, fx = t.shape[-2] / pad.canvas_hw[0], t.shape[-1] / pad.canvas_hw[1]
     top, left = round(pad.top * fy), round(pad.left * fx)
     ih, iw = max(1, round(pad.inner_hw[0] * fy)), max(1, round(pad.inner_hw[1] * fx))
-    return resize_to(t[..., top : top + ih, left : left + iw], out_hw or pad.source_hw, mode)
+    return t[..., top : top + ih, left : left + iw]
 
 
 # --------------------------------------------------------------------------------------------

@@ -62,8 +62,9 @@ def load_model(
 
     ``size``: a zoo size ("0.4b", "1b", ...); with an explicit ``checkpoint`` and no size the model
     is whatever the file holds (tiny test models included); with neither, the zoo's default size
-    for the device. ``device`` defaults to CUDA when available; ``dtype`` to bf16 on CUDA, fp32
-    elsewhere. ``rope_dtype``: None = the release's bfloat16 RoPE, ``torch.float32`` = transformers'.
+    for the device. ``device`` defaults to CUDA when available; ``dtype`` (bf16 on CUDA, fp32
+    elsewhere) is the backbone's and the heads' trunk; each head's final projection and the
+    pointmap scale branch stay float32 (``nn.heads``). ``rope_dtype``: None = the release's bfloat16 RoPE, ``torch.float32`` = transformers'.
     """
     spec = get_task(task)
     if size is not None:
@@ -192,11 +193,12 @@ def _load_into(model: nn.Module, path: Path, dev: torch.device, dtype: torch.dty
     safetensors' direct CUDA reads go through pinned host memory, which needs a real CUDA context.
     """
     keys = expected_keys(model)
+    fp32 = model.fp32_keys() if hasattr(model, "fp32_keys") else set()  # heads' final layers
     state: dict[str, torch.Tensor] = {}
     with _open_checkpoint(path) as fh, _progress(fh, keys, path) as bar:
         for key in keys:
             tensor = _read_tensor(fh, key, path)
-            state[key] = _to_device(tensor, dev, dtype, path)
+            state[key] = _to_device(tensor, dev, torch.float32 if key in fp32 else dtype, path)
             bar.update(tensor.numel() * tensor.element_size())
     fuse_qkv_in_state(model, state)
     model.load_state_dict(state, strict=True, assign=True)

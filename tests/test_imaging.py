@@ -511,9 +511,11 @@ def test_letterbox_geometry_padding_value_and_inverse() -> None:
 
 
 def test_pad_info_odd_padding_puts_extra_pixel_bottom_right() -> None:
-    pad = pad_info((1000, 999), (1024, 768))
+    pad = pad_info((1001, 999), (1024, 768))  # int(769.5) = 769 rows: 255 rows of padding
     assert pad.inner_hw == (769, 768) and (pad.top, pad.left, pad.bottom) == (127, 0, 128)
-    pad = pad_info((10, 7), (16, 16))  # -> 16 tall, round(11.2)=11 wide, 5 columns of padding
+    pad = pad_info((1000, 999), (1024, 768))  # the release truncates: int(768.77) = 768, not 769
+    assert pad.inner_hw == (768, 768) and (pad.top, pad.bottom) == (128, 128)
+    pad = pad_info((10, 7), (16, 16))  # -> 16 tall, int(11.2)=11 wide, 5 columns of padding
     assert pad.inner_hw == (16, 11) and pad.left == 2 and pad.right == 3
 
 

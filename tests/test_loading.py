@@ -51,11 +51,13 @@ def test_pretrain_is_backbone_only(tiny_checkpoints) -> None:
 
 def test_dtype_option(tiny_checkpoints) -> None:
     model = sapiens2.load_model("seg", checkpoint=tiny_checkpoints["seg"], device="cpu", dtype="bf16")
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.backbone.parameters()} == {torch.bfloat16}
+    final = {n for n, p in model.named_parameters() if p.dtype == torch.float32}
+    assert final == {"decode_head.conv_seg.weight", "decode_head.conv_seg.bias"}  # the last projection
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         logits = model(x).logits  # an fp32 input is cast to the model's dtype
-    assert logits.dtype == torch.bfloat16 and logits.shape == (1, 29, 32, 32)
+    assert logits.dtype == torch.float32 and logits.shape == (1, 29, 32, 32)
     fp32 = sapiens2.load_model("seg", checkpoint=tiny_checkpoints["seg"], device="cpu")
     with torch.inference_mode():
         ref = fp32(x).logits
@@ -270,7 +272,7 @@ def test_load_reads_on_cpu_and_reports_progress(tiny_checkpoints, monkeypatch) -
     assert opened == ["cpu"]
     assert len(bars) == 1 and bars[0]["total"] == total == bars[0]["done"] and bars[0]["closed"]
     assert bars[0]["unit"] == "B" and bars[0]["desc"] == "Loading model.safetensors"
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.backbone.parameters()} == {torch.bfloat16}
 
 
 def _fake_download(error: BaseException):

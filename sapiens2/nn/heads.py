@@ -8,6 +8,11 @@
 All layers are Sequentials whose indices equal the checkpoint's key names
 (``decode_head.deconv_layers.3.weight`` ...); every width, count and kernel size comes from a
 ``HeadConfig`` read off the checkpoint's tensor shapes by ``head_config_from_shapes``.
+
+Mixed precision: the trunk runs in the model's dtype (bf16 on GPUs), but each head's final
+projection (and the pointmap's scale branch) is kept and run in float32 -- ``fp32_modules`` names
+them, the loader keeps their weights float32 -- so outputs leave the head as float32. In bf16
+(8 significant bits) that last layer would quantise a 2 to 4 m depth to 1.6 cm steps.
 """
 
 from __future__ import annotations
@@ -67,6 +72,11 @@ def _norm_act(channels: int) -> list[nn.Module]:
     return [nn.InstanceNorm2d(channels), nn.SiLU()]
 
 
+def run_fp32(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` in the module's own dtype (float32 as loaded), float32 out."""
+    return module(x.to(next(module.parameters()).dtype)).float()
+
+
 def _conv_stack(
     in_ch: int, layers: tuple[tuple[int, int], ...], *, stride: int = 1, bias: bool = True
 ) -> tuple[nn.Sequential, int]:
@@ -102,10 +112,11 @@ class DeconvHead(nn.Module):
         self.deconv_layers = nn.Sequential(*mods)
         self.conv_layers, ch = _conv_stack(ch, cfg.conv, bias=bias.get("conv", True))
         self.add_module(cfg.predictor, nn.Conv2d(ch, cfg.num_outputs, 1))
+        self.fp32_modules: tuple[str, ...] = (cfg.predictor,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv_layers(self.deconv_layers(x))
-        return getattr(self, self.predictor_name)(x)
+        return run_fp32(getattr(self, self.predictor_name), x)
 
 
 class PixelShuffleHead(nn.Module):
@@ -128,13 +139,14 @@ class PixelShuffleHead(nn.Module):
         self.upsample_blocks = nn.ModuleList(blocks)
         self.conv_layers, ch = _conv_stack(ch, cfg.conv, bias=bias.get("conv", True))
         self.add_module(cfg.predictor, nn.Conv2d(ch, cfg.num_outputs, 1))
+        self.fp32_modules: tuple[str, ...] = (cfg.predictor,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_conv is not None:
             x = self.input_conv(x)
         for block in self.upsample_blocks:
             x = block(x)
-        return getattr(self, self.predictor_name)(self.conv_layers(x))
+        return run_fp32(getattr(self, self.predictor_name), self.conv_layers(x))
 
 
 class PointmapHead(PixelShuffleHead):
@@ -155,6 +167,7 @@ class PointmapHead(PixelShuffleHead):
                 mlp.append(nn.SiLU())
         self.scale_final_layer = nn.Sequential(*mlp)
         self.scale_in_features = cfg.scale_mlp[0][0] if cfg.scale_mlp else 0
+        self.fp32_modules = (cfg.predictor, "scale_conv_layers", "scale_final_layer")
 
     def scale_grid(self, h: int, w: int) -> tuple[int, int]:
         """Grid size after the stride-2 scale convs for an (h, w) feature map."""
@@ -172,7 +185,8 @@ class PointmapHead(PixelShuffleHead):
                 f"{gh}x{gw}. Run it at the input size it was trained for "
                 "(1024x768 for the released pointmap models)."
             )
-        return super().forward(x), self.scale_final_layer(self.scale_conv_layers(x))
+        scale = run_fp32(self.scale_final_layer, run_fp32(self.scale_conv_layers, x))
+        return super().forward(x), scale
 
 
 HEAD_CLASSES: dict[str, type[nn.Module]] = {

@@ -112,6 +112,11 @@ class Sapiens2TaskModel(nn.Module):
         self.backbone = Backbone(info.backbone, rope_dtype)
         self.decode_head = build_head(info.head)
 
+    def fp32_keys(self) -> set[str]:
+        """State-dict keys the loader keeps float32 whatever ``dtype`` (see ``nn.heads``)."""
+        names = tuple(f"decode_head.{m}." for m in self.decode_head.fp32_modules)
+        return {k for k in self.state_dict() if k.startswith(names)}
+
     @property
     def rope_dtype(self) -> torch.dtype | None:
         return self.backbone.rope_dtype

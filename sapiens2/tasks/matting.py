@@ -1,12 +1,12 @@
 """Matting: a photo in, alpha and the (premultiplied) foreground colours at the original size out.
 
-As transformers' port does: the image is stretched to the network input, both outputs are
-resized back bilinearly and clamped to [0, 1]. Composite = clamp(fg + (1 - alpha) * background).
+As transformers' port does (matting has no other published path): the image is stretched to the
+network input (bilinear with antialias on the uint8 image, as its processor does), both outputs
+are resized back bilinearly (no antialias) and clamped to [0, 1]. Composite = clamp(fg + (1 - alpha) * background).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +16,12 @@ import numpy as np
 import torch
 
 from ..errors import InputImageError
-from ..imaging import load_image, resize_to, stretch_to
+from ..imaging import Intake, load_image, resize_to, stretch_antialiased
 from ..options import Option
 from ..render import CHROMA_GREEN
 from ..zoo import get_task
 from .base import Pipeline, TaskResult
+from .dense import DensePrep, DenseRaw, chunked_forward, run_stages, start_result, to_cpu32
 from .registry import Task, forward_seconds
 
 
@@ -64,31 +65,49 @@ class MattingResult(TaskResult):
         return [Path(p) for p in paths]
 
 
+@dataclass
+class MattingRaw(DenseRaw):
+    """``MattingPipeline.infer``'s per-photo output at network resolution (float32)."""
+
+    both: np.ndarray | None = None  # (4, h, w): premultiplied foreground RGB, then alpha
+
+
 class MattingPipeline(Pipeline):
     """Matting: ``MattingPipeline("1b")(photo)`` -> :class:`MattingResult`."""
 
     task = "matting"
 
     def __call__(self, image: Any) -> MattingResult:
-        t0, intake, info, notices = self._begin(image)
-        x = stretch_to(intake.work, self.network_hw, self.device, self.dtype)
-        out = self.timed_forward(info, x)
-        both = torch.cat([out.foreground, out.alpha], dim=1).float()  # one resize for all 4 channels
+        return run_stages(self, image)
+
+    def prepare(self, intake: Intake, **_: Any) -> DensePrep:
+        """transformers' input (the only published one for matting): antialiased bilinear, uint8."""
+        return DensePrep(stretch_antialiased(intake.work, self.network_hw))
+
+    def infer(self, batch: list[DensePrep], **_: Any) -> list[MattingRaw]:
+        raws = [MattingRaw() for _ in batch]
+        for a, out in chunked_forward(self, [p.pixels for p in batch], [r.timing for r in raws]):
+            both = torch.cat([out.foreground, out.alpha], dim=1)  # one array, one resize later
+            for j, item in enumerate(both):
+                raws[a + j].both = to_cpu32(item)
+        return raws
+
+    def finish(self, raw: MattingRaw, intake: Intake, **_: Any) -> MattingResult:
+        """As transformers: bilinear (no antialias) to the photo, clamped to [0, 1]."""
+        info, notices = start_result(self, intake, raw)
+        both = torch.from_numpy(raw.both)
         if not bool(torch.isfinite(both).all()):
             notices.append("The matting model returned non-finite values; they were set to 0.")
             both = torch.nan_to_num(both, nan=0.0, posinf=1.0, neginf=0.0)
-        both = resize_to(both, intake.rgb.shape[:2]).clamp_(0.0, 1.0)[0]
-        foreground = both[:3].permute(1, 2, 0).contiguous().cpu().numpy()
-        alpha = both[3].contiguous().cpu().numpy()
-        info.total_s = time.perf_counter() - t0
+        both = resize_to(both[None], intake.size_hw).clamp_(0.0, 1.0)[0]
         return MattingResult(
             image=intake.rgb,
             info=info,
             notices=notices,
             downscaled=intake.downscaled,
             name=intake.name,
-            foreground=foreground,
-            alpha=alpha,
+            foreground=both[:3].permute(1, 2, 0).contiguous().numpy(),
+            alpha=both[3].contiguous().numpy(),
         )
 
 

@@ -1,14 +1,14 @@
 """Surface normals: a photo in, one unit normal per pixel (camera frame: x right, y down, z into
 the scene as the release encodes it) at the original size out.
 
-As in the release: aspect-preserving resize with centred zero padding to the network input,
-per-pixel L2 normalisation, padding cropped off, bilinear resize to the original size (and one
-more normalisation, since interpolating unit vectors shortens them).
+As in the release: aspect-preserving resize (size truncated, ``cv2.INTER_LINEAR``) with centred
+zero padding to the network input, per-pixel L2 normalisation, padding cropped off, bilinear
+resize to the original size (and one more normalisation, since interpolating unit vectors
+shortens them). The device returns network-resolution float32 normals; the rest runs in finish.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +18,13 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from ..imaging import letterbox, unletterbox
+from ..imaging import Intake, crop_padding, resize_to
 from ..options import Option
 from ..zoo import get_task
 from .base import TaskResult
+from .dense import DensePrep, DenseRaw, chunked_forward, run_stages, start_result, to_cpu32
 from .registry import Task, forward_seconds
-from .seg import SegMaskedPipeline
+from .seg import SegLogits, SegMaskedPipeline
 
 EPS = 1e-8
 
@@ -71,6 +72,15 @@ class NormalResult(TaskResult):
         return [Path(p) for p in paths]
 
 
+@dataclass
+class NormalRaw(DenseRaw):
+    """``NormalPipeline.infer``'s per-photo output: the model's normals at network resolution
+    with the letterbox padding cut off (float32, not yet unit length), the borrowed seg's logits."""
+
+    normals: np.ndarray | None = None  # (3, h, w) float32
+    seg: SegLogits | None = None
+
+
 class NormalPipeline(SegMaskedPipeline):
     """Surface normals: ``NormalPipeline("0.4b")(photo)`` -> :class:`NormalResult`.
 
@@ -80,33 +90,43 @@ class NormalPipeline(SegMaskedPipeline):
     """
 
     task = "normal"
+    seg_fallback = "Every pixel is kept."
 
     def __call__(self, image: Any, *, remove_background: bool = False) -> NormalResult:
         """Normals of one image. ``remove_background`` also runs the body-part segmentation model
         (class 0 = background) to mask the person; if it cannot be loaded, a notice says so and
         every pixel is kept."""
-        t0, intake, info, notices = self._begin(image)
-        x, pad = letterbox(intake.work, self.network_hw, self.device, self.dtype)
-        n = self.timed_forward(info, x).normals.float()
+        return run_stages(self, image, remove_background=remove_background)
+
+    def prepare(self, intake: Intake, *, remove_background: bool = False, **_: Any) -> DensePrep:
+        return self.prepare_dense(intake, remove_background)
+
+    def infer(self, batch: list[DensePrep], **_: Any) -> list[NormalRaw]:
+        raws = [NormalRaw() for _ in batch]
+        for a, out in chunked_forward(self, [p.pixels for p in batch], [r.timing for r in raws]):
+            for j, n in enumerate(out.normals):
+                raws[a + j].normals = to_cpu32(crop_padding(n, batch[a + j].pad))
+        self.infer_seg(batch, raws)
+        return raws
+
+    def finish(self, raw: NormalRaw, intake: Intake, **_: Any) -> NormalResult:
+        """As the release: unit length at network resolution, bilinear to the photo, unit again
+        (interpolating unit vectors shortens them)."""
+        info, notices = start_result(self, intake, raw)
+        n = torch.from_numpy(raw.normals)
         if not bool(torch.isfinite(n).all()):
             notices.append("The normal model returned non-finite values; those pixels are left at zero.")
             n = torch.nan_to_num(n, nan=0.0, posinf=0.0, neginf=0.0)
-        n = unletterbox(unit_normalise(n), pad, intake.rgb.shape[:2])
-        n = unit_normalise(n)
-        mask = None
-        if remove_background:
-            fg = self.seg.foreground(intake, info, notices, "Every pixel is kept.")
-            mask = None if fg is None else fg.cpu().numpy()
-        normals = n[0].permute(1, 2, 0).contiguous().cpu().numpy()
-        info.total_s = time.perf_counter() - t0
+        n = unit_normalise(resize_to(unit_normalise(n[None]), intake.size_hw))[0]
+        fg = self.foreground(raw, intake.size_hw)
         return NormalResult(
             image=intake.rgb,
             info=info,
             notices=notices,
             downscaled=intake.downscaled,
             name=intake.name,
-            normals=normals,
-            mask=mask,
+            normals=n.permute(1, 2, 0).contiguous().numpy(),
+            mask=None if fg is None else fg.numpy(),
         )
 
 

@@ -1,14 +1,15 @@
 """Pointmap: a photo in, metric XYZ per pixel (camera frame: x right, y down, z forward, metres)
 at the original size out, plus depth, a person mask and the implied focal length.
 
-As in the release: aspect-preserving resize with centred zero padding, pointmap divided by the
-predicted scale (scale = canonical focal / actual focal), padding cropped off, bilinear resize
-to the original size; foreground from the body-part segmentation.
+As in the release: aspect-preserving resize (size truncated, ``cv2.INTER_LINEAR``) with centred
+zero padding, pointmap divided by the predicted scale (scale = canonical focal / actual focal),
+padding cropped off, and -- when the photo is larger than that -- 4 passes of a 3x3 Gaussian
+(sigma 0.8) before the bilinear resize to the original size; foreground from the body-part
+segmentation. The device returns the network-resolution float32 pointmap; the rest runs in finish.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +17,15 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from ..imaging import letterbox, unletterbox
+from ..imaging import Intake, PadInfo, crop_padding, resize_to
 from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
+from .dense import DensePrep, DenseRaw, chunked_forward, run_stages, start_result, to_cpu32
 from .registry import Task, View, forward_seconds
-from .seg import SegMaskedPipeline
+from .seg import SegLogits, SegMaskedPipeline
 
 
 @dataclass(kw_only=True)
@@ -84,6 +87,44 @@ class PointmapResult(TaskResult):
         return [Path(p) for p in paths]
 
 
+#: The release's demo smooths the pointmap before enlarging it: 4 passes of a 3x3 Gaussian.
+BLUR_SIGMA, BLUR_PASSES = 0.8, 4
+
+
+def blur_release(pm: torch.Tensor) -> torch.Tensor:
+    """(C, h, w) float32 -> ``BLUR_PASSES`` passes of a 3x3 Gaussian (sigma ``BLUR_SIGMA``,
+    kernel as ``cv2.getGaussianKernel``), reflect padding (the edge pixel is not repeated:
+    torch's "reflect", cv2's default border); a 1-pixel side repeats its edge instead."""
+    g = torch.exp(-torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64) / (2 * BLUR_SIGMA**2))
+    g = (g / g.sum()).float()
+    c = pm.shape[0]
+    kernel = (g[:, None] * g[None, :]).expand(c, 1, 3, 3).contiguous()
+    mode = "reflect" if min(pm.shape[-2:]) >= 2 else "replicate"
+    x = pm[None]
+    for _ in range(BLUR_PASSES):
+        x = F.conv2d(F.pad(x, (1, 1, 1, 1), mode=mode), kernel, groups=c)
+    return x[0]
+
+
+def to_photo(pm: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
+    """The release's way back: when the photo is larger than the (cropped) output, blur first
+    (:func:`blur_release`), then bilinear (``align_corners=False``, no antialias)."""
+    if out_hw[0] > pm.shape[-2] or out_hw[1] > pm.shape[-1]:
+        pm = blur_release(pm)
+    return resize_to(pm[None], out_hw)[0]
+
+
+@dataclass
+class PointmapRaw(DenseRaw):
+    """``PointmapPipeline.infer``'s per-photo output: the canonical pointmap at network resolution
+    with the padding cut off (float32), the scale output, the letterbox geometry, the seg logits."""
+
+    pointmap: np.ndarray | None = None  # (3, h, w) float32, canonical units (not yet / scale)
+    scale: float = float("nan")
+    pad: PadInfo | None = None
+    seg: SegLogits | None = None
+
+
 class PointmapPipeline(SegMaskedPipeline):
     """Pointmap: ``PointmapPipeline("0.4b")(photo)`` -> :class:`PointmapResult`.
 
@@ -92,43 +133,57 @@ class PointmapPipeline(SegMaskedPipeline):
     """
 
     task = "pointmap"
+    seg_fallback = "Foreground = every finite, positive depth."
+
+    @property
+    def network_hw(self) -> tuple[int, int]:
+        """Always the checkpoint's own size: the scale branch only accepts the trained grid."""
+        return tuple(self.spec.input_size(self.size or ""))
 
     def __call__(self, image: Any, *, use_segmentation: bool = True) -> PointmapResult:
         """Pointmap of one image. ``use_segmentation`` runs the body-part segmentation model for the
         foreground; without it (or when it cannot be loaded, with a notice) the foreground is
         every pixel with a finite, positive depth."""
-        t0, intake, info, notices = self._begin(image)
-        in_hw = self.spec.input_size(self.size or "")
-        x, pad = letterbox(intake.work, in_hw, self.device, self.dtype)
-        out = self.timed_forward(info, x)
-        scale = float(out.scale.float().reshape(-1)[0])
-        if not (np.isfinite(scale) and scale > 0):
+        return run_stages(self, image, use_segmentation=use_segmentation)
+
+    def prepare(self, intake: Intake, *, use_segmentation: bool = True, **_: Any) -> DensePrep:
+        return self.prepare_dense(intake, use_segmentation)
+
+    def infer(self, batch: list[DensePrep], **_: Any) -> list[PointmapRaw]:
+        raws = [PointmapRaw(pad=p.pad) for p in batch]
+        for a, out in chunked_forward(self, [p.pixels for p in batch], [r.timing for r in raws]):
+            scales = out.scale.float().reshape(len(out.pointmap), -1)[:, 0].tolist()
+            for j, (pm, scale) in enumerate(zip(out.pointmap, scales, strict=True)):
+                raw = raws[a + j]
+                raw.pointmap, raw.scale = to_cpu32(crop_padding(pm, raw.pad)), float(scale)
+        self.infer_seg(batch, raws)
+        return raws
+
+    def finish(self, raw: PointmapRaw, intake: Intake, **_: Any) -> PointmapResult:
+        info, notices = start_result(self, intake, raw)
+        scale = raw.scale
+        scale_used = scale if np.isfinite(scale) and scale > 0 else 1.0
+        if scale_used != scale:
             notices.append(
                 f"The model's scale output ({scale}) is unusable; the pointmap is in canonical units "
                 "(scale 1) and the focal length is not known."
             )
-            scale_used = 1.0
-        else:
-            scale_used = scale
-        pm = out.pointmap.float()
+        pm = torch.from_numpy(raw.pointmap)
         finite = torch.isfinite(pm)
         if not bool(finite.all()):
             notices.append("The pointmap model returned non-finite values; those pixels are NaN (no point).")
             pm = torch.where(finite, pm, torch.full_like(pm, float("nan")))  # inf -> NaN: one "missing" value
-        pm = unletterbox(pm / scale_used, pad, intake.rgb.shape[:2])[0]
+        pm = to_photo(pm / scale_used, intake.size_hw)
         valid = torch.isfinite(pm).all(0) & (pm[2] > 0)
         if not bool(valid.any()):
             notices.append("The model gave no point in front of the camera.")
-        fg = None
-        if use_segmentation:
-            fg = self.seg.foreground(intake, info, notices, "Foreground = every finite, positive depth.")
+        fg = self.foreground(raw, intake.size_hw)
         mask = valid if fg is None else fg & valid
-        pointmap = pm.permute(1, 2, 0).contiguous().cpu().numpy()
+        pointmap = pm.permute(1, 2, 0).contiguous().numpy()
         focal_in = POINTMAP_CANONICAL_FOCAL / scale_used if scale_used == scale else float("nan")
         # focal lengths scale with the image: network-input px per original px along x is the
         # letterboxed width over the original width (intake downscale and letterbox resize together)
-        focal_orig = focal_in * intake.rgb.shape[1] / pad.inner_hw[1]
-        info.total_s = time.perf_counter() - t0
+        focal_orig = focal_in * intake.rgb.shape[1] / raw.pad.inner_hw[1]
         return PointmapResult(
             image=intake.rgb,
             info=info,
@@ -137,7 +192,7 @@ class PointmapPipeline(SegMaskedPipeline):
             name=intake.name,
             pointmap=pointmap,
             depth=np.ascontiguousarray(pointmap[:, :, 2]),
-            mask=mask.cpu().numpy(),
+            mask=mask.numpy(),
             scale=scale,
             focal_px=float(focal_orig),
             focal_px_input=float(focal_in),

@@ -1,30 +1,32 @@
 """Body-part segmentation (29 classes): a photo in, one class id per pixel at the original size out.
 
-As in the release, the image is stretched to the network input (no aspect preservation) and the
-logits are resized bilinearly to the original size before the argmax. That resize is done without
-ever holding 29 full-size planes (see :func:`resize_argmax`), so a 12-megapixel photo costs a few
-uint8 planes instead of 1.4 GB of float logits.
+As in the release, the image is stretched to the network input (no aspect preservation;
+``cv2.INTER_AREA`` when shrinking, ``cv2.INTER_CUBIC`` when enlarging) and the logits are resized
+bilinearly to the original size before the argmax. The device returns the logits in a compact
+exact form (:class:`SegLogits`: the argmax plus full logit vectors only around class
+boundaries), and the server resizes them without ever holding 29 full-size planes, so a
+12-megapixel photo costs a few uint8 planes instead of 1.4 GB of float logits.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from ..errors import CheckpointError, OptionError, WeightsUnavailableError
-from ..imaging import Intake, stretch_to
+from ..imaging import Intake, letterbox_release, stretch_release
 from ..metadata import SEG_CLASS_NAMES, seg_class_ids
 from ..options import Option
 from ..render import blend_segmentation, class_shares, colorize_labels, segmentation_legend
 from ..zoo import get_task
-from .base import Pipeline, RunInfo, TaskResult
+from .base import Pipeline, TaskResult
+from .dense import DensePrep, DenseRaw, chunked_forward, run_stages, start_result
 from .registry import Task, View, forward_seconds
 
 # finite stand-ins for non-finite logits: a NaN class must never win the argmax
@@ -48,39 +50,86 @@ def _source_index(
     return i0, i1, src - i0
 
 
-def resize_argmax(logits: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    """(C, h, w) logits -> (H, W) uint8 labels = argmax of the bilinearly resized logits
-    (``F.interpolate(..., align_corners=False)``), computed without the (C, H, W) tensor.
-
-    An output pixel mixes the logit vectors of the 4 source pixels around it; when those 4 share
-    one argmax, a convex mix of them has that argmax too. So labels are looked up from the source
-    argmax, and only pixels whose 4 sources disagree (class boundaries) are interpolated exactly.
-    """
-    c, h, w = logits.shape
-    out_h, out_w = int(out_hw[0]), int(out_hw[1])
-    dev = logits.device
-    flat = logits.float().reshape(c, h * w).t().contiguous()  # (h*w, C): one row per source pixel
-    low = flat.argmax(1).to(torch.uint8).view(h, w)
-    # a source cell (i, j)..(i+1, j+1) is "mixed" when its corners disagree (edges replicate)
+def _mixed_cells(low: torch.Tensor) -> torch.Tensor:
+    """(h, w) bool: the source cell (i, j)..(i+1, j+1) has corners of different argmax (edges
+    replicate, as the interpolation's clamped indices do)."""
     right = torch.cat([low[:, 1:], low[:, -1:]], 1)
     down = torch.cat([low[1:], low[-1:]], 0)
     diag = torch.cat([right[1:], right[-1:]], 0)
-    mixed = (low != right) | (low != down) | (low != diag)
-    y0, y1, wy = _source_index(out_h, h, dev)
-    x0, x1, wx = _source_index(out_w, w, dev)
-    labels = low[y0][:, x0]  # (H, W): exact wherever the cell is not mixed
-    todo = mixed[y0][:, x0].flatten().nonzero().squeeze(1)
-    out = labels.view(-1)
-    step = _CHUNK.get(dev.type, _CHUNK["cuda"])
-    for a in range(0, todo.numel(), step):
-        idx = todo[a : a + step]
-        yy, xx = idx // out_w, idx % out_w
-        ay, ax = wy[yy, None], wx[xx, None]
-        r0, r1, c0, c1 = y0[yy] * w, y1[yy] * w, x0[xx], x1[xx]
-        top = flat[r0 + c0] * (1 - ax) + flat[r0 + c1] * ax
-        bottom = flat[r1 + c0] * (1 - ax) + flat[r1 + c1] * ax
-        out[idx] = (top * (1 - ay) + bottom * ay).argmax(1).to(torch.uint8)
-    return labels
+    return (low != right) | (low != down) | (low != diag)
+
+
+@dataclass
+class SegLogits:
+    """Network-resolution logits kept only where an argmax after bilinear resizing can need them.
+
+    An output pixel mixes the logit vectors of the 4 source pixels around it; when those 4 share
+    one argmax, a convex mix of them has that argmax too. So the argmax (``low``) decides every
+    pixel except those whose source cell is mixed, and those need the full logit vectors of the
+    cell's 4 corners: ``index`` (flat source indices) and ``values`` (their logits, float32).
+    A person photo's logits are a few percent of the 29 x 1024 x 768 (91 MB) float32 tensor.
+    """
+
+    low: torch.Tensor  # (h, w) uint8 argmax at network resolution
+    index: torch.Tensor  # (N,) int32 flat indices of the corners of mixed cells
+    values: torch.Tensor  # (N, C) float32 their logits
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor) -> SegLogits:
+        """(C, h, w) float logits (on any device) -> the compact form on the same device."""
+        c, h, w = logits.shape
+        flat = logits.float().reshape(c, h * w)
+        low = flat.argmax(0).to(torch.uint8).view(h, w)
+        mixed = _mixed_cells(low)
+        need = mixed.clone()  # a pixel is needed when it is a corner of a mixed cell
+        need[:, 1:] |= mixed[:, :-1]
+        need[1:] |= mixed[:-1]
+        need[1:, 1:] |= mixed[:-1, :-1]
+        index = need.flatten().nonzero().squeeze(1)
+        return cls(low, index.to(torch.int32), flat[:, index].t().contiguous())
+
+    def cpu(self) -> SegLogits:
+        return SegLogits(self.low.cpu(), self.index.cpu(), self.values.cpu())
+
+    def labels(self, out_hw: tuple[int, int]) -> torch.Tensor:
+        """(H, W) uint8 = argmax of the logits resized bilinearly (``F.interpolate``,
+        ``align_corners=False``) to ``out_hw``, computed without the (C, H, W) tensor."""
+        h, w = self.low.shape
+        out_h, out_w = int(out_hw[0]), int(out_hw[1])
+        dev = self.low.device
+        rows = torch.full((h * w,), -1, dtype=torch.long, device=dev)  # source pixel -> row of values
+        rows[self.index.long()] = torch.arange(self.index.numel(), device=dev)
+        y0, y1, wy = _source_index(out_h, h, dev)
+        x0, x1, wx = _source_index(out_w, w, dev)
+        labels = self.low[y0][:, x0]  # (H, W): exact wherever the cell is not mixed
+        todo = _mixed_cells(self.low)[y0][:, x0].flatten().nonzero().squeeze(1)
+        out = labels.view(-1)
+        step = _CHUNK.get(dev.type, _CHUNK["cuda"])
+        for a in range(0, todo.numel(), step):
+            idx = todo[a : a + step]
+            yy, xx = idx // out_w, idx % out_w
+            ay, ax = wy[yy, None], wx[xx, None]
+            r0, r1, c0, c1 = y0[yy] * w, y1[yy] * w, x0[xx], x1[xx]
+            v = self.values
+            top = v[rows[r0 + c0]] * (1 - ax) + v[rows[r0 + c1]] * ax
+            bottom = v[rows[r1 + c0]] * (1 - ax) + v[rows[r1 + c1]] * ax
+            out[idx] = (top * (1 - ay) + bottom * ay).argmax(1).to(torch.uint8)
+        return labels
+
+
+def resize_argmax(logits: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
+    """(C, h, w) logits -> (H, W) uint8 labels = argmax of the bilinearly resized logits
+    (``F.interpolate(..., align_corners=False)``), computed without the (C, H, W) tensor
+    (see :class:`SegLogits`)."""
+    return SegLogits.from_logits(logits).labels(out_hw)
+
+
+def finite_logits(logits: torch.Tensor, notices: list[str]) -> torch.Tensor:
+    """Non-finite logits replaced by finite stand-ins (a NaN class never wins), with a notice."""
+    if bool(torch.isfinite(logits).all()):
+        return logits
+    notices.append("The segmentation model returned non-finite values; they were ignored.")
+    return torch.nan_to_num(logits.float(), nan=_NEG_FILL, posinf=_POS_FILL, neginf=_NEG_FILL)
 
 
 def _as_boxes(boxes: Any) -> np.ndarray:
@@ -166,20 +215,26 @@ class SegResult(TaskResult):
         return [Path(p) for p in paths]
 
 
+@dataclass
+class SegRaw(DenseRaw):
+    """``SegPipeline.infer``'s per-photo output: compact logits and, with ``boxes="detect"``,
+    the boxes the detector found (in working-copy pixels, as the photo it saw)."""
+
+    logits: SegLogits | None = None
+    boxes: np.ndarray | None = None
+
+
+def _check_boxes(boxes: Any) -> bool:
+    """True for ``"detect"``; raises OptionError for any other string."""
+    if isinstance(boxes, str) and boxes != "detect":
+        raise OptionError(f"boxes must be None, 'detect', or (P, 4) x1, y1, x2, y2 rows; got {boxes!r}.")
+    return isinstance(boxes, str)
+
+
 class SegPipeline(Pipeline):
     """Body-part segmentation: ``SegPipeline("0.4b")(photo)`` -> :class:`SegResult`."""
 
     task = "seg"
-
-    def labels(self, intake: Intake, info: RunInfo, notices: list[str]) -> torch.Tensor:
-        """(H, W) uint8 labels at the original size, on the model's device."""
-        in_hw = self.network_hw
-        x = stretch_to(intake.work, in_hw, self.device, self.dtype)
-        logits = self.timed_forward(info, x).logits[0].float()
-        if not bool(torch.isfinite(logits).all()):
-            notices.append("The segmentation model returned non-finite values; they were ignored.")
-            logits = torch.nan_to_num(logits, nan=_NEG_FILL, posinf=_POS_FILL, neginf=_NEG_FILL)
-        return resize_argmax(logits, intake.size_hw)
 
     def __call__(self, image: Any, *, boxes: Any = None) -> SegResult:
         """Segment one image (path, PIL image or numpy RGB).
@@ -187,26 +242,52 @@ class SegPipeline(Pipeline):
         ``boxes`` gives per-person masks (the non-background pixels inside each box; a pixel in
         two boxes belongs to both): (P, 4) x1, y1, x2, y2 in original pixels, a ``Detections``,
         or ``"detect"`` to run the person detector (``sapiens2.detect.detect_people``)."""
-        detect = isinstance(boxes, str)
-        if detect and boxes != "detect":
-            raise OptionError(f"boxes must be None, 'detect', or (P, 4) x1, y1, x2, y2 rows; got {boxes!r}.")
-        box_arr = None if boxes is None or detect else _as_boxes(boxes)
-        t0, intake, info, notices = self._begin(image)
-        notices += getattr(boxes, "notices", [])  # a Detections passed in says how it was made
-        if detect:
+        return run_stages(self, image, boxes=boxes)
+
+    def prepare(self, intake: Intake, *, boxes: Any = None, **_: Any) -> DensePrep:
+        """The release's stretch to the network input (INTER_AREA shrinking, INTER_CUBIC
+        enlarging), uint8; the detector's photo only when ``boxes="detect"``."""
+        if not _check_boxes(boxes) and boxes is not None:
+            _as_boxes(boxes)  # a bad box fails here, before any device time
+        photo = intake.work if isinstance(boxes, str) else None
+        return DensePrep(stretch_release(intake.work, self.network_hw), photo=photo)
+
+    def seg_logits(self, images: list[np.ndarray], raws: list[DenseRaw]) -> list[SegLogits]:
+        """Compact logits (on the CPU) of prepared inputs; device time and notices go to ``raws``."""
+        out: list[SegLogits] = []
+        for _, result in chunked_forward(self, images, [r.timing for r in raws]):
+            for logits in result.logits:
+                raw = raws[len(out)]
+                out.append(SegLogits.from_logits(finite_logits(logits.float(), raw.notices)).cpu())
+        return out
+
+    def infer(self, batch: list[DensePrep], *, boxes: Any = None, **_: Any) -> list[SegRaw]:
+        raws = [SegRaw() for _ in batch]
+        for raw, logits in zip(raws, self.seg_logits([p.pixels for p in batch], raws), strict=True):
+            raw.logits = logits
+        if _check_boxes(boxes):
             from ..detect import detect_people
 
-            found = detect_people(intake.rgb)
-            box_arr = _as_boxes(found.boxes)
-            notices += found.notices
-        labels = self.labels(intake, info, notices)
+            for raw, prep in zip(raws, batch, strict=True):
+                found = detect_people(prep.photo)
+                raw.boxes, raw.notices = _as_boxes(found.boxes), [*raw.notices, *found.notices]
+        return raws
+
+    def finish(self, raw: SegRaw, intake: Intake, *, boxes: Any = None, **_: Any) -> SegResult:
+        """Labels at the photo's size (exact argmax of the bilinearly resized logits), shares,
+        and the per-person masks when boxes were given or found."""
+        info, notices = start_result(self, intake, raw)
+        notices[len(intake.notices) : len(intake.notices)] = getattr(boxes, "notices", [])
+        box_arr = raw.boxes if _check_boxes(boxes) else None if boxes is None else _as_boxes(boxes)
+        labels = raw.logits.labels(intake.size_hw)
         masks = None
         if box_arr is not None:
-            masks = person_masks_from_boxes(labels != 0, box_arr).cpu().numpy()
-        labels_np = labels.cpu().numpy()
+            if raw.boxes is not None:  # the detector saw the working copy
+                box_arr = intake.boxes_to_original(box_arr).astype(np.float64)
+            masks = person_masks_from_boxes(labels != 0, box_arr).numpy()
+        labels_np = labels.numpy()
         fractions = class_shares(labels_np)
         shares = {int(k): float(fractions[k]) for k in np.flatnonzero(fractions)}
-        info.total_s = time.perf_counter() - t0
         return SegResult(
             image=intake.rgb,
             info=info,
@@ -257,23 +338,19 @@ class LazySeg:
                 self._pipe = SegPipeline(size, device=own.device, dtype=own.dtype)
             return self._pipe
 
-    def foreground(
-        self, intake: Intake, info: RunInfo, notices: list[str], fallback: str
-    ) -> torch.Tensor | None:
-        """(H, W) bool, True off the background class, on the owner's device. When the seg model
-        cannot be loaded: None, and a notice naming the cause and the ``fallback`` taken."""
-        try:
-            pipe = self.get()
-        except (WeightsUnavailableError, CheckpointError) as err:
-            notices.append(f"No person mask: the segmentation model is unavailable ({err}) {fallback}")
-            return None
-        return pipe.labels(intake, info, notices).to(self._owner.device) != 0
-
 
 class SegMaskedPipeline(Pipeline):
     """Base of the tasks that borrow the body-part segmentation for their foreground (normal,
     pointmap). ``seg``: a SegPipeline, a zero-argument function returning one (called on every
-    use, result not kept), or None to load the seg model of the same size when first needed."""
+    use, result not kept), or None to load the seg model of the same size when first needed.
+
+    The borrowed model fits the stages: ``prepare`` adds the seg model's own input (the
+    release's stretch, uint8) to the prep, ``infer`` runs it after the task's forward and returns
+    its compact logits, ``finish`` resizes them to the photo (:meth:`foreground`).
+    """
+
+    #: what the notice says is done instead when the seg model is unavailable
+    seg_fallback: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -288,13 +365,51 @@ class SegMaskedPipeline(Pipeline):
         super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
         self.seg = LazySeg(seg, self)
 
+    def _seg_pipe(self, notices: list[str]) -> SegPipeline | None:
+        """The borrowed pipeline, or None with a notice naming the cause and the fallback."""
+        try:
+            return self.seg.get()
+        except (WeightsUnavailableError, CheckpointError) as err:
+            notices.append(
+                f"No person mask: the segmentation model is unavailable ({err}) {self.seg_fallback}"
+            )
+            return None
+
+    def prepare_dense(self, intake: Intake, with_seg: bool) -> DensePrep:
+        """Letterboxed uint8 input (the release's rule) and, when asked, the seg model's input."""
+        pixels, pad = letterbox_release(intake.work, self.network_hw)
+        prep = DensePrep(pixels, pad)
+        if with_seg and (pipe := self._seg_pipe(prep.notices)) is not None:
+            prep.seg = stretch_release(intake.work, pipe.network_hw)
+        return prep
+
+    def infer_seg(self, batch: list[DensePrep], raws: list[Any]) -> None:
+        """Borrowed segmentation of the preps that carry a seg input: ``raw.seg`` (compact logits)."""
+        for raw, prep in zip(raws, batch, strict=True):
+            raw.notices += prep.notices
+        todo = [i for i, p in enumerate(batch) if p.seg is not None]
+        if not todo:
+            return
+        notices: list[str] = []
+        pipe = self._seg_pipe(notices)
+        for i in todo:
+            raws[i].notices += notices
+        if pipe is not None:
+            found = pipe.seg_logits([batch[i].seg for i in todo], [raws[i] for i in todo])
+            for i, logits in zip(todo, found, strict=True):
+                raws[i].seg = logits
+
+    @staticmethod
+    def foreground(raw: Any, out_hw: tuple[int, int]) -> torch.Tensor | None:
+        """(H, W) bool on the CPU, True off the background class; None without segmentation."""
+        return None if raw.seg is None else raw.seg.labels(out_hw) != 0
+
 
 # ----------------------------------------------------------------------------- declaration
 
 
 def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
-    # the logits are resized to the photo on the device: a little more for big photos
-    return forward_seconds(size) + pixels / 20e6
+    return forward_seconds(size)  # the resize to the photo runs in the server (finish)
 
 
 TASK = Task(
