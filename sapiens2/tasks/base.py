@@ -1,8 +1,10 @@
 """What every task pipeline shares: the result base type and the pipeline base class.
 
-A pipeline = one loaded model + the task's pre/post-processing. ``pipeline(image, **options)``
-does the heavy tensor work (the only part the Space runs inside its GPU function) and returns a
-result holding CPU numpy arrays at the original image size. ``result.render(...)`` and
+A pipeline = one loaded model + the task's pre/post-processing, in three stages:
+``prepare(intake)`` makes the network input on the CPU (uint8, small), ``infer([preps])`` is the
+only part that touches the model (the Space's GPU function runs just this, one forward per batch)
+and returns network-resolution outputs, ``finish(raw, intake)`` maps them back to the photo on the
+CPU. ``pipeline(image, **options)`` runs the three in one go. ``result.render(...)`` and
 ``result.save(dir)`` run on the CPU afterwards and never touch the model.
 
 Shared steps: ``_prepare(image)`` reads any accepted input (path, bytes, PIL, numpy or an
@@ -148,7 +150,9 @@ class Pipeline:
         info.model_s += time.perf_counter() - t0
         return out
 
-    # -- stages (interim: the whole request in ``infer``; the pipelines branch splits them) -----
+    # -- stages: every built-in task overrides all three (docs/DESIGN.md). These defaults let a
+    # one-call pipeline (a toy or third-party task) run too: its whole request runs in ``infer``,
+    # on the device, so nothing is batched and the full result crosses the GPU boundary.
 
     def prepare(self, intake: Intake, **options: Any) -> Intake:
         return intake
