@@ -121,10 +121,6 @@ class Sapiens2TaskModel(nn.Module):
     def rope_dtype(self) -> torch.dtype | None:
         return self.backbone.rope_dtype
 
-    @rope_dtype.setter
-    def rope_dtype(self, value: torch.dtype | None) -> None:
-        self.backbone.rope_dtype = value
-
     def forward(self, pixel_values: torch.Tensor) -> TaskOutput:
         tokens, grid = self.backbone(pixel_values)
         features = self.backbone.feature_map(tokens, grid)
