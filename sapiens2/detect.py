@@ -438,6 +438,30 @@ def _from_callable(
     )
 
 
+def _caller_boxes(boxes: Any, w: int, h: int) -> Detections:
+    """The caller's boxes, clipped to the image; OptionError when none or one is empty."""
+    arr = _as_boxes(boxes, "boxes")
+    if len(arr) == 0:
+        raise OptionError("boxes is empty; pass None to detect people, or at least one x1, y1, x2, y2 box.")
+    arr[:, 0::2] = arr[:, 0::2].clip(0, w)
+    arr[:, 1::2] = arr[:, 1::2].clip(0, h)
+    bad = np.flatnonzero((arr[:, 2] <= arr[:, 0]) | (arr[:, 3] <= arr[:, 1]))
+    if bad.size:
+        raise OptionError(
+            f"Box {int(bad[0])} is empty inside the {w}x{h} image after clipping; boxes are x1, y1, x2, y2 "
+            "pixels with x2 > x1 and y2 > y1."
+        )
+    return Detections(arr, np.ones(len(arr), np.float32), "caller", len(arr), [])
+
+
+def _auto_detector_or_none(device: torch.device | str | None) -> PersonDetector | None:
+    """The shared detector, or None when its weights are not available here."""
+    try:
+        return _auto_detector(device)
+    except WeightsUnavailableError:
+        return None
+
+
 def detect_people(
     image: np.ndarray,
     *,
@@ -464,20 +488,7 @@ def detect_people(
     h, w = image.shape[:2]
 
     if boxes is not None:
-        arr = _as_boxes(boxes, "boxes")
-        if len(arr) == 0:
-            raise OptionError(
-                "boxes is empty; pass None to detect people, or at least one x1, y1, x2, y2 box."
-            )
-        arr[:, 0::2] = arr[:, 0::2].clip(0, w)
-        arr[:, 1::2] = arr[:, 1::2].clip(0, h)
-        bad = np.flatnonzero((arr[:, 2] <= arr[:, 0]) | (arr[:, 3] <= arr[:, 1]))
-        if bad.size:
-            raise OptionError(
-                f"Box {int(bad[0])} is empty inside the {w}x{h} image after clipping; boxes are x1, y1, x2, y2 "
-                "pixels with x2 > x1 and y2 > y1."
-            )
-        return Detections(arr, np.ones(len(arr), np.float32), "caller", len(arr), [])
+        return _caller_boxes(boxes, w, h)
 
     if detector is None:
         return _whole_image(image, "Person detection is off: the whole image is used as one person box.")
@@ -487,9 +498,8 @@ def detect_people(
             raise OptionError(
                 f"detector must be 'auto', None, a PersonDetector or a callable; got {detector!r}."
             )
-        try:
-            detector = _auto_detector(device)
-        except WeightsUnavailableError:
+        detector = _auto_detector_or_none(device)
+        if detector is None:
             spec = zoo.DETECTOR
             return _whole_image(
                 image,
