@@ -188,7 +188,7 @@ def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_
         with gr.Row():
             with gr.Column(scale=1):
                 clip = clip_input(label="Clip (MP4, WebM, MOV or GIF)", elem_id="video-clip")
-                task = gr.Radio(choices, value="pose", label="Task")
+                task = checked_by_package(gr.Radio(choices, value="pose", label="Task"))
                 size = size_dropdown(manager.sizes("pose"), manager.default_size("pose"))
                 stride = checked_by_package(gr.Slider(1, STRIDE_MAX, value=1, step=1, label="Frame stride"))
                 max_frames = checked_by_package(
