@@ -269,13 +269,7 @@ def run_video(
     """
     t_start = time.perf_counter()
     task = task or getattr(pipe, "task", None)
-    if task not in VIDEO_TASKS:
-        raise OptionError(f"Video runs the tasks {', '.join(VIDEO_TASKS)}; got {task!r}.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
-        raise OptionError(f"batch_size must be a whole number from 1 to {MAX_BATCH}, got {batch_size!r}.")
-    opts = dict(options or {})
-    if "boxes" in opts:
-        raise OptionError("Video finds the boxes itself (detector and tracker); remove the 'boxes' option.")
+    opts = _checked(task, batch_size, options)
     plan = plan_video(source, stride=stride, limits=limits)
     stages = staged(pipe)
     handler = _handler(
@@ -292,23 +286,15 @@ def run_video(
     try:
         with writer, source or contextlib.nullcontext():
             done, size = _process(
-                plan,
-                limits,
-                stages,
-                infer or stages.infer,
-                handler,
-                (writer, source),
-                opts,
-                timing,
-                batch_size,
-                progress,
-            )
+                plan, limits, stages, infer or stages.infer, handler, (writer, source), opts, timing,
+                batch_size, progress,
+            )  # fmt: skip
             video = writer.close()
             source_path = source.close() if source is not None else None
     except BaseException:
-        with contextlib.suppress(OSError):
-            for w in (writer, source):
-                if w is not None:
+        for w in (writer, source):
+            if w is not None:
+                with contextlib.suppress(OSError):
                     w.path.unlink(missing_ok=True)  # never leave a half-written video behind
         raise
     files = [video, *handler.exports(out, stem, fps=plan.fps_out, size=size)]
@@ -318,6 +304,18 @@ def run_video(
         size=size, codec=writer.codec or "", notices=_notices(plan, size, handler), timing=timing,
         details=handler.summary(), source_video=source_path,
     )  # fmt: skip
+
+
+def _checked(task: Any, batch_size: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The inference options, after checking the task, the batch size and the options."""
+    if task not in VIDEO_TASKS:
+        raise OptionError(f"Video runs the tasks {', '.join(VIDEO_TASKS)}; got {task!r}.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+        raise OptionError(f"batch_size must be a whole number from 1 to {MAX_BATCH}, got {batch_size!r}.")
+    opts = dict(options or {})
+    if "boxes" in opts:
+        raise OptionError("Video finds the boxes itself (detector and tracker); remove the 'boxes' option.")
+    return opts
 
 
 def _notices(plan: VideoPlan, size: tuple[int, int], handler: FrameHandler) -> list[str]:
