@@ -273,8 +273,7 @@ def wait_until(check: Callable[[], bool], timeout: float) -> bool:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from gradio_client import Client
-
+    """The three phases on freshly made tiny checkpoints; the report with its pass/fail checks."""
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny_checkpoints import make_tiny_checkpoint
 
@@ -285,109 +284,131 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, task in enumerate(TASK_NAMES):
             make_tiny_checkpoint(task, tmp / "checkpoints" / task, seed=i)
         photos = make_photos(tmp / "photos")
-
         queue = max(args.jobs + 8, 32)  # room for the whole burst: this phase tests answering
         with server(tmp, "main", args, max_queue=queue) as srv:
-            client = Client(srv.url, verbose=False, download_files=False, max_workers=args.jobs + 8)
-            warm = run_jobs(client, range(0, WARMUP), photos, parallel=4, timeout=args.job_timeout)
-            rss_20 = srv.rss_mb()
-            t0 = time.perf_counter()
-            burst = run_jobs(client, range(WARMUP, WARMUP + args.jobs), photos, args.jobs, args.job_timeout)
-            burst_s = time.perf_counter() - t0
-            curve = {WARMUP: round(rss_20, 1), WARMUP + args.jobs: round(srv.rss_mb(), 1)}
-            rest = Tally()
-            for start in range(WARMUP + args.jobs, args.requests, WARMUP):  # RSS every 20 requests
-                stop = min(start + WARMUP, args.requests)
-                rest.outcomes += run_jobs(client, range(start, stop), photos, 4, args.job_timeout).outcomes
-                curve[stop] = round(srv.rss_mb(), 1)
-            rss_200 = srv.rss_mb()
-            every = [*warm.outcomes, *burst.outcomes, *rest.outcomes]
-            lat = [o.seconds for o in burst.answered]
-            report["burst"] = {
-                "sent": args.jobs,
-                "answered": len(burst.answered),
-                "errors": len(burst.failed),
-                "lost": len(burst.lost),
-                "error_kinds": dict(Counter((o.error or "")[:80] for o in burst.failed)),
-                "p50_s": round(pct(lat, 0.50), 2),
-                "p95_s": round(pct(lat, 0.95), 2),
-                "wall_s": round(burst_s, 1),
-                "max_queue": queue,
-            }
-            report["all_requests"] = {
-                "sent": len(every),
-                "answered": sum(o.error is None and not o.lost for o in every),
-                "errors": sum(o.error is not None for o in every),
-                "lost": sum(o.lost for o in every),
-                "p50_s": round(pct([o.seconds for o in every if o.error is None], 0.50), 2),
-                "p95_s": round(pct([o.seconds for o in every if o.error is None], 0.95), 2),
-            }
-            growth = rss_200 / rss_20 - 1
-            report["rss_mb"] = {
-                f"after_{WARMUP}": round(rss_20, 1),
-                f"after_{args.requests}": round(rss_200, 1),
-                "growth_pct": round(100 * growth, 1),
-                "by_requests": curve,
-            }
-            checks["burst: every job answered, none lost"] = len(burst.answered) == args.jobs
-            checks[f"all {len(every)} requests answered"] = report["all_requests"]["answered"] == len(every)
-            checks[f"RSS after {args.requests} within 10% of after {WARMUP}"] = abs(growth) <= RSS_TOLERANCE
-
-            folders_now, _ = count_files(srv.requests_dir)
-            cache_now, cache_mb = count_files(srv.cache_dir)
-            req_dirs = lambda: len(list(srv.requests_dir.glob("req-*")))  # noqa: E731
-            dirs_now = req_dirs()
-            # wait past both ages, then one request makes RequestFolders prune; Gradio's cleaner runs on its own
-            time.sleep(max(args.folder_age, args.cache_age) + 1)
-            after = run_jobs(client, range(args.requests, args.requests + 1), photos, 1, args.job_timeout)
-            pruned = wait_until(lambda: req_dirs() <= 2, args.cache_every * 3)
-            cache_cleaned = wait_until(
-                lambda: count_files(srv.cache_dir)[0] < cache_now // 4, args.cache_every * 3
-            )
-            report["temp_files"] = {
-                "request_folders_before": dirs_now,
-                "request_files_before": folders_now,
-                "request_folders_after": req_dirs(),
-                "gradio_cache_files_before": cache_now,
-                "gradio_cache_mb_before": round(cache_mb, 1),
-                "gradio_cache_files_after": count_files(srv.cache_dir)[0],
-                "folder_age_s": args.folder_age,
-                "cache_age_s": args.cache_age,
-            }
-            checks["request folders pruned"] = pruned and len(after.answered) == 1
-            checks["Gradio cache cleaned"] = cache_cleaned
-
+            client = _client(srv, args.jobs + 8)
+            answering_phase(client, srv, args, photos, queue, report, checks)
+            cleaning_phase(client, srv, args, photos, report, checks)
         with server(tmp, "small_queue", args, max_queue=args.overflow_queue) as srv:
-            client = Client(srv.url, verbose=False, download_files=False, max_workers=args.overflow_jobs + 8)
-            run_jobs(client, range(0, 6), photos, parallel=2, timeout=args.job_timeout)  # load the models
-            t0 = time.perf_counter()
-            flood = run_jobs(
-                client, range(0, args.overflow_jobs), photos, args.overflow_jobs, args.job_timeout
-            )
-            flood_s = time.perf_counter() - t0
-            busy = [o for o in flood.failed if BUSY in (o.error or "")]
-            other = [o for o in flood.failed if BUSY not in (o.error or "")]
-            nxt = run_jobs(client, range(1, 2), photos, 1, args.job_timeout)
-            report["overflow"] = {
-                "max_queue": args.overflow_queue,
-                "sent": args.overflow_jobs,
-                "answered": len(flood.answered),
-                "busy_errors": len(busy),
-                "other_errors": len(other),
-                "lost": len(flood.lost),
-                "busy_message": busy[0].error if busy else None,
-                "slowest_busy_error_s": round(max((o.seconds for o in busy), default=float("nan")), 2),
-                "wall_s": round(flood_s, 1),
-                "next_request_answered": len(nxt.answered) == 1,
-            }
-            checks["beyond the queue bound: 'busy, try again' errors"] = bool(busy) and not other
-            checks["no job hangs or is lost in the flood"] = (
-                not flood.lost and len(flood.outcomes) == args.overflow_jobs
-            )
-            checks["busy errors come at once (< 5 s)"] = bool(busy) and max(o.seconds for o in busy) < 5
-            checks["the next request after the flood succeeds"] = len(nxt.answered) == 1
+            overflow_phase(_client(srv, args.overflow_jobs + 8), args, photos, report, checks)
     report["checks"] = checks
     return report
+
+
+def _client(srv: Any, workers: int) -> Any:
+    from gradio_client import Client
+
+    return Client(srv.url, verbose=False, download_files=False, max_workers=workers)
+
+
+def answering_phase(
+    client: Any, srv: Any, args: argparse.Namespace, photos: list[Path], queue: int,
+    report: dict[str, Any], checks: dict[str, bool],
+) -> None:  # fmt: skip
+    """Warm-up, the concurrent burst, then requests up to ``--requests`` with RSS read every 20."""
+    warm = run_jobs(client, range(0, WARMUP), photos, parallel=4, timeout=args.job_timeout)
+    rss_20 = srv.rss_mb()
+    t0 = time.perf_counter()
+    burst = run_jobs(client, range(WARMUP, WARMUP + args.jobs), photos, args.jobs, args.job_timeout)
+    burst_s = time.perf_counter() - t0
+    curve = {WARMUP: round(rss_20, 1), WARMUP + args.jobs: round(srv.rss_mb(), 1)}
+    rest = Tally()
+    for start in range(WARMUP + args.jobs, args.requests, WARMUP):  # RSS every 20 requests
+        stop = min(start + WARMUP, args.requests)
+        rest.outcomes += run_jobs(client, range(start, stop), photos, 4, args.job_timeout).outcomes
+        curve[stop] = round(srv.rss_mb(), 1)
+    rss_200 = srv.rss_mb()
+    every = [*warm.outcomes, *burst.outcomes, *rest.outcomes]
+    lat = [o.seconds for o in burst.answered]
+    ok_s = [o.seconds for o in every if o.error is None]
+    report["burst"] = {
+        "sent": args.jobs,
+        "answered": len(burst.answered),
+        "errors": len(burst.failed),
+        "lost": len(burst.lost),
+        "error_kinds": dict(Counter((o.error or "")[:80] for o in burst.failed)),
+        "p50_s": round(pct(lat, 0.50), 2),
+        "p95_s": round(pct(lat, 0.95), 2),
+        "wall_s": round(burst_s, 1),
+        "max_queue": queue,
+    }
+    report["all_requests"] = {
+        "sent": len(every),
+        "answered": sum(o.error is None and not o.lost for o in every),
+        "errors": sum(o.error is not None for o in every),
+        "lost": sum(o.lost for o in every),
+        "p50_s": round(pct(ok_s, 0.50), 2),
+        "p95_s": round(pct(ok_s, 0.95), 2),
+    }
+    growth = rss_200 / rss_20 - 1
+    report["rss_mb"] = {
+        f"after_{WARMUP}": round(rss_20, 1),
+        f"after_{args.requests}": round(rss_200, 1),
+        "growth_pct": round(100 * growth, 1),
+        "by_requests": curve,
+    }
+    checks["burst: every job answered, none lost"] = len(burst.answered) == args.jobs
+    checks[f"all {len(every)} requests answered"] = report["all_requests"]["answered"] == len(every)
+    checks[f"RSS after {args.requests} within 10% of after {WARMUP}"] = abs(growth) <= RSS_TOLERANCE
+
+
+def cleaning_phase(
+    client: Any, srv: Any, args: argparse.Namespace, photos: list[Path],
+    report: dict[str, Any], checks: dict[str, bool],
+) -> None:  # fmt: skip
+    """Old request folders and Gradio's cached outputs are deleted once past their ages."""
+    folders_now, _ = count_files(srv.requests_dir)
+    cache_now, cache_mb = count_files(srv.cache_dir)
+    req_dirs = lambda: len(list(srv.requests_dir.glob("req-*")))  # noqa: E731
+    dirs_now = req_dirs()
+    # wait past both ages, then one request makes RequestFolders prune; Gradio's cleaner runs on its own
+    time.sleep(max(args.folder_age, args.cache_age) + 1)
+    after = run_jobs(client, range(args.requests, args.requests + 1), photos, 1, args.job_timeout)
+    pruned = wait_until(lambda: req_dirs() <= 2, args.cache_every * 3)
+    cache_cleaned = wait_until(lambda: count_files(srv.cache_dir)[0] < cache_now // 4, args.cache_every * 3)
+    report["temp_files"] = {
+        "request_folders_before": dirs_now,
+        "request_files_before": folders_now,
+        "request_folders_after": req_dirs(),
+        "gradio_cache_files_before": cache_now,
+        "gradio_cache_mb_before": round(cache_mb, 1),
+        "gradio_cache_files_after": count_files(srv.cache_dir)[0],
+        "folder_age_s": args.folder_age,
+        "cache_age_s": args.cache_age,
+    }
+    checks["request folders pruned"] = pruned and len(after.answered) == 1
+    checks["Gradio cache cleaned"] = cache_cleaned
+
+
+def overflow_phase(
+    client: Any, args: argparse.Namespace, photos: list[Path], report: dict[str, Any], checks: dict[str, bool]
+) -> None:
+    """A flood past the queue bound gets quick "busy" errors, loses nothing, and the next request works."""
+    run_jobs(client, range(0, 6), photos, parallel=2, timeout=args.job_timeout)  # load the models
+    t0 = time.perf_counter()
+    flood = run_jobs(client, range(0, args.overflow_jobs), photos, args.overflow_jobs, args.job_timeout)
+    flood_s = time.perf_counter() - t0
+    busy = [o for o in flood.failed if BUSY in (o.error or "")]
+    other = [o for o in flood.failed if BUSY not in (o.error or "")]
+    nxt = run_jobs(client, range(1, 2), photos, 1, args.job_timeout)
+    report["overflow"] = {
+        "max_queue": args.overflow_queue,
+        "sent": args.overflow_jobs,
+        "answered": len(flood.answered),
+        "busy_errors": len(busy),
+        "other_errors": len(other),
+        "lost": len(flood.lost),
+        "busy_message": busy[0].error if busy else None,
+        "slowest_busy_error_s": round(max((o.seconds for o in busy), default=float("nan")), 2),
+        "wall_s": round(flood_s, 1),
+        "next_request_answered": len(nxt.answered) == 1,
+    }
+    checks["beyond the queue bound: 'busy, try again' errors"] = bool(busy) and not other
+    checks["no job hangs or is lost in the flood"] = (
+        not flood.lost and len(flood.outcomes) == args.overflow_jobs
+    )
+    checks["busy errors come at once (< 5 s)"] = bool(busy) and max(o.seconds for o in busy) < 5
+    checks["the next request after the flood succeeds"] = len(nxt.answered) == 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -28,6 +28,7 @@ from . import zoo
 from .errors import CheckpointError, InputImageError, OptionError, WeightsUnavailableError
 from .nn.detr import DEFAULT_HEADS, Detr, build_detr
 from .weights import ENV_VAR, find_weights, load_tensors
+from .zerogpu import cuda_emulation
 
 # The DETR image processor's defaults for facebook/detr-resnet-50 (preprocessor_config.json).
 SHORTEST_EDGE = 800
@@ -325,7 +326,8 @@ class PersonDetector:
             decoder_heads=int(config.get("decoder_attention_heads", DEFAULT_HEADS)),
         ).fuse_frozen_batchnorm()
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        model = model.to(device=device, dtype=dtype or torch.float32)
+        with cuda_emulation():  # ZeroGPU: from a request thread too, onto the emulated CUDA
+            model = model.to(device=device, dtype=dtype or torch.float32)
         # NHWC convolutions measured ~20% faster on CPU (bench/detector.py); GPU left as is (unmeasured)
         channels_last = device.type == "cpu"
         if channels_last:

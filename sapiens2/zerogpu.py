@@ -139,8 +139,9 @@ def gpu_request(estimate_s: float, *, gpu_size: GpuSize = "large", factor: float
     return GpuRequest(duration, round(duration * factor), gpu_size)
 
 
-#: A call charged at least this many seconds is announced to the visitor before it starts.
-ANNOUNCE_CHARGED_S = 40
+#: A call charged at least this many seconds (a quarter of a visitor's daily quota without an
+#: account) is announced to the visitor before it starts: every 5b run on the Space is.
+ANNOUNCE_CHARGED_S = 30
 
 
 def cost_notice(estimate_s: float, what: str) -> str | None:

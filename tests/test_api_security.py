@@ -133,12 +133,17 @@ def hostile_paths(tmp: Path, uploaded_output: str) -> dict[str, str]:
     shutil.copy(EXAMPLE, outside)  # a readable image the server has, never uploaded
     folder = tmp / "a_folder"
     folder.mkdir(exist_ok=True)
+    big = tmp / "big.jpg"  # sparse: over the byte budget without writing 40 MB
+    with open(big, "wb") as fh:
+        fh.write(b"\xff\xd8\xff")
+        fh.truncate(MAX_FILE_BYTES + 1)
     return {
         "server image": str(outside),
         "example photo in place": str(EXAMPLE),  # served by allowed_paths, still not an upload
         "system text file": "/etc/passwd",
         "missing": str(tmp / "missing.png"),
         "folder": str(folder),
+        "server file over the byte budget": str(big),
         "traversal out of the upload folder": str(
             Path(uploaded_output).parent / ".." / ".." / "etc" / "passwd"
         ),
@@ -207,6 +212,41 @@ def test_every_file_input_follows_the_rule(server: Server, uploaded: str) -> Non
     assert event == "complete" and data[-1].startswith("matting ")
     event, data, _ = server.call("similarity", [photo, photo, "0.1b"])
     assert event == "complete" and data[0] == pytest.approx(1.0, abs=1e-4)
+
+
+#: Gradio component types that take a file from a caller.
+FILE_TYPES = {
+    "image", "imageeditor", "imageslider", "simpleimage", "video", "audio", "file", "uploadbutton",
+    "model3d", "gallery", "multimodaltextbox",
+}  # fmt: skip
+
+
+def public_file_inputs(server: Server) -> list[tuple[str, int, int]]:
+    """(api name, input position, number of inputs) of every file input of every public event,
+    read from the served page's config (inputs added later are found too)."""
+    config = json.loads(urllib.request.urlopen(f"{server.url}config", timeout=30).read())
+    types = {c["id"]: c["type"] for c in config["components"]}
+    return [
+        (dep["api_name"], i, len(dep["inputs"]))
+        for dep in config["dependencies"]
+        if dep.get("api_name") and dep.get("api_visibility", "public") == "public"
+        for i, block in enumerate(dep["inputs"])
+        if types[block] in FILE_TYPES
+    ]
+
+
+def test_every_file_input_of_every_endpoint_refuses_a_path_not_uploaded(server: Server) -> None:
+    """Found from the config, so a file input added later (a clip, a second image) is checked
+    too: a server path, tagged or not, gets the one refusal and nothing of the file."""
+    found = public_file_inputs(server)
+    apis = {api for api, _, _ in found}
+    assert {"pose", "matting", "similarity", "all"} <= apis
+    assert sum(api == "matting" for api, _, _ in found) == 2  # the photo and the background
+    for api, position, count in found:
+        for payload in ({"path": "/etc/passwd", "meta": META}, {"path": "/etc/passwd"}):
+            data: list[Any] = [None] * count
+            data[position] = payload
+            assert_refused(*server.call(api, data))
 
 
 def test_uploads_and_data_urls_work_and_outputs_stay_in_their_folder(server: Server, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ forced on a CPU giving the eager results)."""
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,6 @@ import torch
 
 from sapiens2 import accel, imaging
 from sapiens2.loading import load_model
-from sapiens2.nn.outputs import PoseOutput
 from sapiens2.tasks import pipeline_class
 from sapiens2.tasks.pose_codec import decode_heatmaps
 
@@ -270,85 +268,3 @@ def test_failed_compile_is_undone_and_reported(tiny_checkpoints) -> None:
     assert not report.applied
     assert report.reason.startswith("failed, eager kept: ") and "multiples of 16" in report.reason
     assert model._compiled_call_impl is None
-
-
-def test_aoti_guarded_on_cpu_only_torch(tiny_checkpoints) -> None:
-    model = load_model("seg", checkpoint=tiny_checkpoints["seg"], device="cpu")
-    if torch.version.cuda is None:
-        assert accel.aoti_support() == f"this torch ({torch.__version__}) is a CPU-only build"
-    compiled, report = accel.aoti_compile(model, accel.example_input(model, 1, SMALL))
-    assert compiled is None and not report.applied and report.reason == accel.aoti_support()
-    assert not accel.aoti_apply(object(), model).applied
-    assert accel.aoti_apply(None, model).reason
-
-
-@pytest.fixture
-def fake_cuda_torch(monkeypatch):
-    """Pretend to be a CUDA build with a GPU, so the spaces checks are reached."""
-    monkeypatch.setattr(torch.version, "cuda", "12.8")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-
-
-def test_aoti_with_old_spaces(fake_cuda_torch, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "spaces", types.ModuleType("spaces"))
-    assert accel.aoti_support() == "this spaces version lacks aoti_compile, aoti_apply; upgrade spaces"
-
-
-def test_aoti_compile_error_is_reported(fake_cuda_torch, tiny_checkpoints, monkeypatch) -> None:
-    fake = types.ModuleType("spaces")
-
-    def boom(exported):
-        raise RuntimeError("no GPU in this worker")
-
-    fake.aoti_compile, fake.aoti_apply = boom, lambda compiled, module: None
-    monkeypatch.setitem(sys.modules, "spaces", fake)
-    model = load_model("seg", checkpoint=tiny_checkpoints["seg"], device="cpu")
-    compiled, report = accel.aoti_compile(model, accel.example_input(model, 1, SMALL))
-    assert compiled is None and report.reason == "failed: RuntimeError: no GPU in this worker"
-
-
-def test_aoti_path_end_to_end_with_exported_program(fake_cuda_torch, tiny_checkpoints, monkeypatch) -> None:
-    """The ZeroGPU flow with the compiler swapped for torch.export's own module: export with a
-    dynamic batch, apply (weights drained as spaces does), and the pose pipeline still gives the
-    eager keypoints for 1 and 2 people. Also proves export leaves the eager model usable."""
-    fake = types.ModuleType("spaces")
-
-    def aoti_compile(exported):  # a plain callable like spaces' compiled model (not an nn.Module)
-        module = exported.module()
-        return lambda *args: module(*args)
-
-    fake.aoti_compile = aoti_compile
-
-    def aoti_apply(compiled, module):  # what spaces.aoti_apply does: swap forward, free weights
-        module.forward = compiled
-        for sub in module.modules():  # new empty parameters; the compiled copy keeps the old ones
-            for name, p in list(sub.named_parameters(recurse=False)):
-                setattr(sub, name, torch.nn.Parameter(p.new_empty(0), requires_grad=False))
-
-    fake.aoti_apply = aoti_apply
-    monkeypatch.setitem(sys.modules, "spaces", fake)
-    pipe = make_pipe("pose", tiny_checkpoints["pose"])
-    boxes = [[5, 5, 40, 45], [30, 2, 68, 48]]
-    want = [pipe(photo(), boxes=boxes[:n]).keypoints for n in (1, 2)]
-    compiled, report = accel.aoti_compile(pipe.model, accel.example_input(pipe.model, 2, SMALL), max_batch=4)
-    assert report.applied, report
-    with torch.inference_mode():  # the export did not leave traced (fake) RoPE tables behind
-        assert torch.isfinite(pipe.model(accel.example_input(pipe.model, 1, SMALL)).heatmaps).all()
-    assert accel.aoti_apply(compiled, pipe.model).applied
-    assert next(pipe.model.parameters()).numel() == 0  # eager weights are gone
-    with torch.inference_mode():  # as pipelines call it (the export traced the no-grad path)
-        out = pipe.model(accel.example_input(pipe.model, 1, SMALL))
-    assert isinstance(out, PoseOutput)
-    for n, kp in zip((1, 2), want, strict=True):
-        np.testing.assert_allclose(pipe(photo(), boxes=boxes[:n]).keypoints, kp, atol=1e-3)
-
-
-def test_export_flattens_outputs(tiny_checkpoints) -> None:
-    model = load_model("pointmap", checkpoint=tiny_checkpoints["pointmap"], device="cpu")
-    x = accel.example_input(model)
-    exported = accel.export_model(model, x)
-    with torch.inference_mode():
-        pointmap, scale = exported.module()(x)
-        ref = model(x)
-    torch.testing.assert_close(pointmap, ref.pointmap)
-    torch.testing.assert_close(scale, ref.scale)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -71,6 +73,76 @@ def test_large_runs_are_announced_on_zerogpu_only(monkeypatch) -> None:
     assert (
         text.startswith("Pose 5b reserves up to 90 s of ZeroGPU time") and "120 s without an account" in text
     )
+
+
+def _packed_at_launch() -> int:
+    """bf16 bytes of what the Space preloads (each task's default size on a GPU, borrowed models
+    included once) plus DETR, counted as ``serving.gpu_time`` counts weights."""
+    from sapiens2.tasks import registry
+    from sapiens2.zoo import ARCHS
+
+    sizes = [t.spec.default_size(True) for t in registry.all_tasks().values()]
+    return int(sum(2e9 * ARCHS[size].params_b for size in sizes)) + 170_000_000
+
+
+def _heaviest(task) -> dict:
+    """The options that make a task's call longest: numbers at their maximum, switches on."""
+    heavy = {o.name: o.high for o in task.options if o.kind in ("int", "float")}
+    heavy.update({o.name: True for o in task.options if o.kind == "bool"})
+    return heavy
+
+
+def _call_estimates(pixels: int):
+    """(task, size, options, images, unclamped seconds of one GPU call) for every task and size,
+    default and heaviest options, on photos of ``pixels``, with the Space's launch set resident
+    besides the request's own models (those of another size than the default)."""
+    from sapiens2.serving.gpu_time import start_seconds, weight_bytes, work_seconds
+    from sapiens2.tasks import registry
+
+    for task in registry.all_tasks().values():
+        counts = (1, 2) if task.compare is not None else (1,)  # similarity: both photos in one call
+        for size, images in itertools.product(task.spec.sizes, counts):
+            for options in ({}, _heaviest(task)):
+                opts, _ = task.split(options, gpu=True)
+                own = 0 if size == task.spec.default_size(True) else weight_bytes(task.name, size, opts)
+                seconds = start_seconds(_packed_at_launch() + own)
+                seconds += work_seconds(task.name, size, [pixels] * images, opts)
+                yield task.name, size, options, images, seconds
+
+
+def test_every_call_fits_a_visitor_without_an_account_before_any_cap() -> None:
+    """All tasks = one call per task, so every call (each task, size and option set, on the largest
+    photo, with the Space's resident set) must be startable with 120 s of quota after the factor.
+    The estimate itself is checked, not the capped request."""
+    from PIL import Image
+
+    from sapiens2.serving.gpu_time import MAX_CALL_S, clamp
+
+    checked = 0
+    for task, size, options, images, seconds in _call_estimates(int(Image.MAX_IMAGE_PIXELS)):
+        request = gpu_request(seconds, factor=duration_factor())
+        assert request.fits_anonymous, (task, size, options, images, seconds, request)
+        assert clamp(seconds) >= seconds  # the cap never cuts an estimate short
+        checked += 1
+    assert checked >= 2 * 23  # 23 (task, size) pairs in the zoo
+    # the cap itself is the largest request an anonymous visitor can start on the slowest node
+    assert gpu_request(MAX_CALL_S).fits_anonymous and not gpu_request(MAX_CALL_S + 1).fits_anonymous
+    assert clamp(10_000) == MAX_CALL_S
+
+
+def test_every_5b_run_is_announced_on_the_space_and_default_runs_are_not(monkeypatch) -> None:
+    from sapiens2.serving.gpu_time import clamp
+    from sapiens2.tasks import registry
+
+    monkeypatch.setattr(zerogpu, "zero_gpu_enabled", lambda: True)
+    for task, size, options, images, seconds in _call_estimates(12_000_000):  # a phone photo
+        if options or images > 1:
+            continue
+        notice = zerogpu.cost_notice(clamp(seconds), f"This {task} {size} run")
+        if size == "5b":
+            assert notice is not None and "reserves up to" in notice, (task, seconds)
+        elif size == registry.get(task).spec.default_size(True):
+            assert notice is None, (task, size, seconds)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -147,6 +219,67 @@ def test_a_worker_refuses_to_load(monkeypatch, tiny_checkpoints) -> None:
         load_tensors(tiny_checkpoints["pose"] / "model.safetensors")
 
 
+class _Stub:
+    """A stand-in pipeline with a model of ``n`` bf16 parameters."""
+
+    def __init__(self, n: int = 8) -> None:
+        self.model = torch.nn.Linear(n, 1, bias=False).to(torch.bfloat16)
+
+
+def test_the_cache_reports_every_change_of_what_is_resident(monkeypatch) -> None:
+    """on_change after each load (with its evictions), trim, clear and detector load, under the
+    cache's lock; never for a cache hit. With zerogpu.resident_changed it moves the GPU entry's
+    generation (the next call forks a worker holding the new set)."""
+    from sapiens2.serving import ModelManager
+    from sapiens2.tasks import registry
+
+    calls: list[bool] = []
+    manager = ModelManager(device="cpu", max_models=1, factory=lambda task, size, **kw: _Stub())
+    manager.on_change = lambda: calls.append(manager._guard.locked())
+    manager.get("seg", "0.4b")
+    manager.get("seg", "0.4b")  # a hit: nothing changed
+    assert calls == [True]
+    manager.get("seg", "1b")  # load + eviction of 0.4b: one report, after both
+    assert calls == [True, True] and manager.loaded() == [("seg", "1b")]
+    assert manager.trim(keep=0) == [("seg", "1b")] and len(calls) == 3
+    manager.trim(keep=0)  # nothing dropped: nothing to report
+    manager.clear()
+    assert calls == [True] * 4
+    warmed = iter([True, False])  # the detector loads once, then is already there
+    pose = dataclasses.replace(registry.get("pose"), warm=lambda device: next(warmed))
+    real_get = registry.get
+    monkeypatch.setattr(registry, "get", lambda name: pose if name == "pose" else real_get(name))
+    manager.prepare("pose")  # pose model load + detector load: two reports
+    manager.prepare("pose")  # both resident: none
+    assert calls == [True] * 6
+
+
+def test_app_managers_report_changes_to_the_gpu_entry(monkeypatch, tiny_checkpoints) -> None:
+    """The app's managers (built by build_demo and by the command line) call
+    zerogpu.resident_changed; on ZeroGPU the command line's also gets the byte budget and preloads."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import app
+
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    specs = [f"{task}={path}" for task, path in tiny_checkpoints.items()]
+    args = app.parse_args([x for spec in specs for x in ("--checkpoint", spec)] + ["--device", "cpu"])
+    assert app.manager_from_args(args).on_change is zerogpu.resident_changed
+    monkeypatch.setattr(app, "ZERO_GPU", True)
+    manager = app.manager_from_args(args)
+    assert manager.on_change is zerogpu.resident_changed
+    assert manager.max_bytes == cache_budget_bytes(0, zerogpu.ACTIVATION_HEADROOM_BYTES)
+    assert manager.loads == len(tiny_checkpoints)  # every task preloaded (and pinned) before launch
+    assert manager.trim(keep=0) == []
+    from sapiens2.ui import gpu
+
+    assert isinstance(gpu.run_on_gpu, GpuEntry)  # the one GPU entry every task's device call uses
+    calls: list[tuple] = []
+    monkeypatch.setattr(gpu.run_on_gpu, "fn", lambda *args: calls.append(args[1:3]) or [])
+    for task in ("seg", "features"):
+        gpu.device_call(manager)(task, "1b", [], {}, 5)
+    assert calls == [("seg", "1b"), ("features", "1b")]
+
+
 # ----------------------------------------------------------------------------- under spaces' emulation
 
 
@@ -189,6 +322,27 @@ def test_gpu_entry_residency_under_zerogpu(tmp_path: Path, tiny_checkpoints) -> 
     assert out["plain_second"][0] == out["plain_first"][0] and out["plain_second"][1] is False
 
 
+def test_through_the_app_a_gpu_call_never_loads_under_zerogpu(tmp_path: Path, tiny_checkpoints) -> None:
+    """app.build_demo's one GPU entry, its model cache and Runner under spaces' emulation: before
+    the server loaded the model, and after it dropped it, the worker refuses (ResidencyError from
+    the worker, not a load); a request loads in its handler thread on emulated CUDA, and its GPU
+    call runs in a fresh worker holding the same weights."""
+    out = run_scenario("app", tmp_path, str(tiny_checkpoints["pretrain"]))
+    server = out["server_pid"]
+    assert out["one_entry"] and out["device"] == "cuda"
+    before = out["before"]
+    assert before["error"] == "ResidencyError" and "not resident" in before["message"]
+    assert before["pid"] not in (None, server)  # refused in a worker
+    assert out["server_devices"] == ["cuda:0"] and out["loads"] == 1
+    request = out["request"]
+    assert request["pid"] not in (server, before["pid"])  # a fresh worker after the load
+    assert request["checksum"] == pytest.approx(out["expected"], rel=1e-4)
+    after = out["after_clear"]
+    assert after["error"] == "ResidencyError" and after["pid"] not in (server, request["pid"])
+    assert out["loads_after"] == 1  # nobody loaded it again
+    assert list(out["workers"].values()) == [[after["pid"]]]  # older workers were ended
+
+
 # ----------------------------------------------------------------------------- pins
 
 
@@ -205,3 +359,31 @@ def test_torch_pin_is_on_the_zerogpu_list_and_shared_with_ci() -> None:
     assert pin in zerogpu.SUPPORTED_TORCH
     assert _pin(root / ".ci" / "constraints.txt", "torch") == pin
     assert torch.__version__.split("+")[0] == pin  # the tests run on the version the Space gets
+
+
+def _front_matter() -> dict:
+    """The Space's configuration: the YAML block at the top of README.md."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert text.startswith("---\n"), "README.md must start with the Space's YAML front matter"
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+def test_space_front_matter_matches_the_code_and_zerogpus_lists() -> None:
+    """README front matter: preload_from_hub equals sapiens2.hub_cache.preload_from_hub() (the
+    defaults the app preloads), python_version is on ZeroGPU's list, the gradio version meets
+    requirements.txt, and the mcp-server tag comes with gradio[mcp]."""
+    from packaging.requirements import Requirement
+
+    from sapiens2 import hub_cache
+
+    meta = _front_matter()
+    assert meta.get("preload_from_hub") == hub_cache.preload_from_hub()
+    assert str(meta.get("python_version")) in zerogpu.SUPPORTED_PYTHON
+    lines = (Path(__file__).resolve().parents[1] / "requirements.txt").read_text().splitlines()
+    reqs = [Requirement(x.split("#")[0]) for x in lines if x.split("#")[0].strip()]
+    gradio = next(r for r in reqs if r.name == "gradio")
+    assert gradio.specifier.contains(str(meta["sdk_version"]))
+    if "mcp-server" in meta.get("tags", []):
+        assert "mcp" in gradio.extras

@@ -212,6 +212,88 @@ def scenario_residency(tmp: Path, checkpoint_a: str, checkpoint_b: str) -> dict[
     return out
 
 
+class Probe:
+    """A real pipeline, loaded by the app's model cache, whose device step reports what the
+    worker holds (its pid and a checksum of the model's weights) instead of running the model:
+    a worker here has CPU originals behind emulated CUDA tensors, not a GPU."""
+
+    def __init__(self, task: str, size: str | None, **kwargs: Any) -> None:
+        from sapiens2.tasks import registry
+
+        self.model = registry.get(task).pipeline(size, **kwargs).model
+
+    def prepare(self, intake: Any, **opts: Any) -> tuple[int, ...]:
+        return tuple(intake.rgb.shape)
+
+    def infer(self, preps: list[Any], **opts: Any) -> list[tuple[int, float]]:
+        import torch
+
+        with torch.no_grad():
+            total = float(sum(p.float().sum() for p in self.model.parameters()))
+        return [(os.getpid(), total) for _ in preps]
+
+    def finish(self, raw: Any, intake: Any, **opts: Any) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(raw=raw, info=SimpleNamespace(total_s=0.0))
+
+
+def scenario_app(tmp: Path, checkpoint: str) -> dict[str, Any]:
+    """The app's own path under ZeroGPU: app.build_demo's GPU entry, the model cache reporting
+    to it, a request run by the app's Runner in a handler thread. The GPU function refuses to
+    load before the server loaded the model and after the server dropped it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    from safetensors.torch import load_file
+
+    install_fake_backend()
+    import app
+    from sapiens2 import serving, zerogpu
+    from sapiens2.ui import gpu
+    from sapiens2.ui.handlers import Runner
+
+    manager = serving.ModelManager(
+        checkpoints={"pretrain": checkpoint},
+        factory=lambda task, size, **kw: Probe(task, size, **kw),
+        on_change=zerogpu.resident_changed,
+    )
+    app.build_demo(manager)  # the page and its one GPU entry
+    runner = Runner(manager)  # what build_demo gives every tab
+    entries = list(zerogpu._entries)
+    out: dict[str, Any] = {"server_pid": os.getpid(), "device": manager.device}
+    out["one_entry"] = len(entries) == 1 and entries[0] is gpu.run_on_gpu
+    call = gpu.device_call(manager)
+    out["before"] = _attempt(lambda: call("pretrain", "0.1b", [(8, 8, 3)], {}, 5))
+
+    def request() -> Any:
+        job = runner.requests.job("features", [np.zeros((32, 24, 3), np.uint8)], None, {})
+        return runner.requests.results(job)[0].raw
+
+    with ThreadPoolExecutor(1) as handler_thread:  # Gradio runs handlers in worker threads
+        pid, checksum = handler_thread.submit(request).result()
+    params = list(manager.get("pretrain").model.parameters())
+    tensors = load_file(str(Path(checkpoint) / "model.safetensors")).values()
+    out["request"] = {"pid": pid, "checksum": checksum}
+    out["expected"] = float(sum(t.to(params[0].dtype).float().sum() for t in tensors))
+    out["server_devices"] = sorted({str(p.device) for p in params})
+    out["loads"] = manager.loads
+    manager.clear()  # the server drops the model: the next worker is forked without it
+    out["after_clear"] = _attempt(lambda: call("pretrain", "0.1b", [(8, 8, 3)], {}, 5))
+    out["loads_after"] = manager.loads
+    out["workers"] = {str(k): sorted(v) for k, v in gpu.run_on_gpu.worker_pids().items()}
+    return out
+
+
+def _attempt(fn: Any) -> dict[str, Any]:
+    from sapiens2.ui import gpu
+
+    try:
+        return {"value": fn()}
+    except Exception as err:
+        return {"error": type(err).__name__, "message": str(err), "pid": _last_worker(gpu.run_on_gpu)}
+
+
 def _plain_lookup(name: str) -> tuple[int, bool]:
     return os.getpid(), name in RESIDENT
 

@@ -59,7 +59,9 @@ class ModelManager:
     pipeline (``factory(task, size, checkpoint=..., device=..., dtype=..., **borrowed)``); the
     default is the task's pipeline class. Unpinned pipelines are evicted least recently used first
     beyond ``max_models`` of them or ``max_bytes`` of weights (when given). ``on_change`` is called
-    (outside every lock) after a model was loaded or dropped.
+    after a model was loaded or dropped (and after the person detector loaded), under the cache's
+    lock, so that no request reaches its device call with the old set (ZeroGPU: see
+    ``sapiens2.zerogpu.resident_changed``).
     """
 
     def __init__(

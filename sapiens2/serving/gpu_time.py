@@ -13,14 +13,18 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..tasks import registry
+from ..zerogpu import DAILY_QUOTA_S, duration_factor
 from ..zoo import ARCHS
 
 #: CUDA context and library start in a fresh worker (seconds).
 CUDA_INIT_S = 3.0
 #: Bytes per second moved to the GPU at a worker's start (ZeroGPU reads packed weights from disk).
 MOVE_BYTES_PER_S = 1.5e9
-#: Never ask for less than a worker's bare start nor more than a visitor could ever be granted.
-MIN_CALL_S, MAX_CALL_S = 5, 120
+#: Never ask for less than a worker's bare start. Never ask for more than a visitor without an
+#: account can start on the slowest node: ZeroGPU charges the request times the node's factor
+#: (120 s of quota / 1.5 = 80 s); a larger request would be refused before it runs.
+MIN_CALL_S = 5
+MAX_CALL_S = int(DAILY_QUOTA_S["anonymous"] // duration_factor())
 
 
 def work_seconds(task: str, size: str, pixels: Iterable[int], infer_opts: dict[str, Any]) -> float:

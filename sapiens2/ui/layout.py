@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
+from gradio.context import get_blocks_context
 
 from ..serving import ModelManager
 from ..tasks.registry import Task
@@ -34,8 +35,13 @@ class TabParts:
 
 
 def share_model_slots(event: Any) -> None:
-    """Put an event (e.g. an Examples cache event) in the models' concurrency group."""
-    event.fn.concurrency_id = MODELS
+    """Put an event made by Gradio itself (the examples' lazy-cache run) in the models'
+    concurrency group. ``gr.Examples`` takes no ``concurrency_id``, and the ``Dependency`` it
+    returns holds only the Python function: the setting lives on the Blocks' ``BlockFunction``."""
+    blocks = get_blocks_context()
+    if blocks is None or event is None:
+        raise RuntimeError("share_model_slots needs an event made inside the Blocks being built")
+    blocks.fns[event["id"]].concurrency_id = MODELS
 
 
 def add_examples(
