@@ -26,8 +26,8 @@ def _on_device(
     size: str,
     items: list[Any],
     opts: dict[str, Any],
+    step: str,
     seconds: int,
-    step: str = "infer",
 ) -> Any:
     return run_step(_MANAGERS[manager_id], task, size, items, opts, step)
 
@@ -38,8 +38,8 @@ def _seconds(
     size: str,
     items: list[Any],
     opts: dict[str, Any],
+    step: str,
     seconds: int,
-    step: str = "infer",
 ) -> int:
     return seconds
 
@@ -55,6 +55,6 @@ def device_call(manager: ModelManager) -> DeviceCall | VideoDeviceCall:
     def call(
         task: str, size: str, items: list[Any], opts: dict[str, Any], seconds: int, step: str = "infer"
     ) -> Any:
-        return run_on_gpu(id(manager), task, size, items, opts, seconds, step)
+        return run_on_gpu(id(manager), task, size, items, opts, step, seconds)
 
     return call
