@@ -1,4 +1,5 @@
-"""Sapiens2 Space: one Gradio app for pose, body parts, normals, pointmaps, matting and features.
+"""Sapiens2 Space: one Gradio app for pose, body parts, normals, pointmaps, matting and features,
+on photos and on short video clips.
 
 UI assembly only: the page is generated from the task registry (``sapiens2.tasks.registry``) by
 ``sapiens2.ui``; requests go through ``sapiens2.serving``. Run it with
@@ -28,7 +29,8 @@ from sapiens2.limits import MAX_FILE_BYTES
 from sapiens2.tasks import registry
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input
-from sapiens2.ui.layout import about_markdown, all_tasks_event, task_tab
+from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
+from sapiens2.ui.video_tab import video_tab
 
 log = logging.getLogger("sapiens2.app")
 
@@ -81,6 +83,7 @@ def build_demo(
                 )
         with gr.Tabs():
             tabs = [task_tab(run, task, photo, EXAMPLES) for task in tasks.values()]
+            video_tab(run, MODELS)  # its own clip input; /video and /video_plan
         all_tasks_event(run, tasks, tabs, photo, all_button, all_status)
         with gr.Accordion("About Sapiens2, licence and links", open=False):
             gr.Markdown(about_markdown(tasks))

@@ -48,6 +48,7 @@ OPTIONS = {
     "seg": {},
     "normal": {"remove_background": False},
     "pointmap": {"use_segmentation": False},
+    "matting": {},
 }
 
 
@@ -155,7 +156,7 @@ def codec_table(wh: tuple[int, int], frames: int = 30) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", default="pose,seg,normal,pointmap")
+    ap.add_argument("--tasks", default="pose,seg,normal,pointmap,matting")
     ap.add_argument("--size", default="0.4b")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: bf16 on CUDA, else fp32")

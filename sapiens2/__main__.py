@@ -1,10 +1,13 @@
 """Batch command line: ``python -m sapiens2 TASK INPUT... --size SIZE --out DIR [task options]``.
 
 One sub-command per registered task; its flags are generated from the task's declared options
-(``python -m sapiens2 pose --help`` lists them). Images and folders (searched recursively) in;
-per image, one subfolder of DIR holding the same files the app offers as downloads. A bad file is
-reported and skipped; the batch goes on. Exit code 0 when at least one image succeeded, 1
-otherwise (2 for a malformed command line).
+(``python -m sapiens2 pose --help`` lists them). Images, clips and folders (searched recursively)
+in; per input, one subfolder of DIR holding the same files the app offers as downloads. A clip
+(MP4/MOV/WebM by its first bytes, or an animated GIF) of a video task goes through
+``sapiens2.video`` (``--stride``, ``--max-frames``, ``--batch``; pose: ``--detect-every``,
+``--no-smoothing``): the rendered WebM plus the task's per-frame files. A bad file is reported and
+skipped; the batch goes on. Exit code 0 when at least one input succeeded, 1 otherwise (2 for a
+malformed command line).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .tasks import registry
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".jfif", ".heic", ".heif", ".avif"}
 )
+VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".webm", ".mkv"})
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # fmt: skip
 
@@ -65,6 +69,30 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_video(parser: argparse.ArgumentParser, task: registry.Task) -> None:
+    """Flags that apply to clips (video tasks only)."""
+    from .video.reader import VideoLimits
+
+    top = VideoLimits().max_frames
+    group = parser.add_argument_group("clips (MP4, MOV, WebM, animated GIF)")
+    group.add_argument(
+        "--stride", type=int, default=1, metavar="N", help="process every N-th frame (default 1)"
+    )
+    group.add_argument(
+        "--max-frames", type=int, default=top, metavar="N",
+        help=f"error if more than N frames would be processed (default {top})",
+    )  # fmt: skip
+    group.add_argument("--batch", type=int, default=8, metavar="N", help="frames per forward (default 8)")
+    if task.name == "pose":
+        group.add_argument(
+            "--detect-every", type=int, default=5, metavar="K",
+            help="run the person detector on every K-th processed frame, track in between (default 5)",
+        )  # fmt: skip
+        group.add_argument(
+            "--no-smoothing", action="store_true", help="do not smooth keypoints over time (One-Euro)"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sapiens2",
@@ -74,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     for task in registry.all_tasks().values():
         tp = sub.add_parser(task.api_name, help=task.summary, description=task.summary)
         add_common(tp)
+        if task.name in video_tasks():
+            add_video(tp, task)
         for opt in task.options:
             add_option(tp, task, opt)
         for switch in task.cli_switches:
@@ -81,9 +111,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def video_tasks() -> tuple[str, ...]:
+    from .video.runner import VIDEO_TASKS
+
+    return VIDEO_TASKS
+
+
+def is_clip(path: Path) -> bool:
+    """A video by its first bytes (MP4/MOV/WebM), or a GIF with more than one frame."""
+    from .video.reader import sniff_video
+
+    kind = sniff_video(path)
+    if kind != "gif":
+        return kind is not None
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return getattr(im, "n_frames", 1) > 1
+    except Exception:  # unreadable: the image reader will say why
+        return False
+
+
 def find_images(inputs: Iterable[str]) -> tuple[list[Path], list[str]]:
-    """Files to process (explicit paths always; folders: regular files with image extensions,
-    recursive, sorted) and the inputs that do not exist.
+    """Files to process (explicit paths always; folders: regular files with image or video
+    extensions, recursive, sorted) and the inputs that do not exist.
 
     Only ``stat`` is used here, which never blocks. An explicit FIFO, device or socket is kept, so
     that the reader refuses it by name from its ``stat`` ("'x' is a FIFO (named pipe), not an image
@@ -95,7 +147,11 @@ def find_images(inputs: Iterable[str]) -> tuple[list[Path], list[str]]:
         path = Path(item).expanduser()
         if path.is_dir():
             files.extend(
-                sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS)
+                sorted(
+                    f
+                    for f in path.rglob("*")
+                    if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
+                )
             )
         elif path.exists():
             files.append(path)
@@ -205,15 +261,73 @@ def run_images(args: argparse.Namespace, task: registry.Task, files: list[Path],
     return 0 if done else 1
 
 
+def run_clips(args: argparse.Namespace, task: registry.Task, clips: list[Path]) -> tuple[int, int]:
+    """Every clip through the task's pipeline in batches; (done, failed)."""
+    from .serving.video import video_render_options
+    from .video import TrackingOptions, VideoLimits, run_video
+
+    try:
+        infer_opts, render_opts = request_options(args, task)
+        tracking = TrackingOptions(
+            detect_every=getattr(args, "detect_every", 5), smoothing=not getattr(args, "no_smoothing", False)
+        )
+        limits = VideoLimits(max_frames=args.max_frames)
+        pipe = make_pipeline(args, task)
+    except Sapiens2Error as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 0, len(clips)
+    out_root, taken = Path(args.out).expanduser(), set()
+    done = failed = 0
+    for path in clips:
+        bar = _progress(0)
+        if bar is not None:
+            bar.unit, bar.desc = "frame", path.name
+
+        def progress(n: int, planned: int | None, bar: Any = bar) -> None:
+            if bar is not None:
+                bar.total = planned
+                bar.update(n - bar.n)
+
+        try:
+            result = run_video(
+                pipe, path, out_root / unique_folder(path.stem, taken), task=task.name, stride=args.stride,
+                limits=limits, batch_size=args.batch, options=infer_opts,
+                render_options=video_render_options(task, render_opts), tracking=tracking, progress=progress,
+            )  # fmt: skip
+        except Exception as err:  # one bad clip never ends the batch
+            failed += 1
+            _say(bar, f"skipped {path}: {type(err).__name__}: {err}")
+        else:
+            done += 1
+            for note in result.notices:
+                _say(bar, f"note ({path.name}): {note}")
+            _say(bar, f"{path.name}: {result.frames} frames at {result.fps:.3g} fps -> {result.video}")
+        finally:
+            if bar is not None:
+                bar.close()
+    return done, failed
+
+
 def run(args: argparse.Namespace) -> int:
     task = registry.get(args.task)
     files, missing = find_images(args.inputs)
     for item in missing:
         print(f"skipped {item}: no such file or folder", file=sys.stderr)
+    clips = [f for f in files if task.name in video_tasks() and is_clip(f)]
+    images = [f for f in files if f not in clips]
     if not files:
         print(f"0 done, {len(missing)} failed in 0.0 s (no images found)")
         return 1
-    return run_images(args, task, files, len(missing))
+    if not clips:
+        return run_images(args, task, images, len(missing))
+    t0 = time.perf_counter()
+    done, failed = run_clips(args, task, clips)
+    if images:
+        return 0 if run_images(args, task, images, len(missing) + failed) == 0 or done else 1
+    print(
+        f"{done} done, {failed + len(missing)} failed in {time.perf_counter() - t0:.1f} s (outputs in {args.out})"
+    )
+    return 0 if done else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,7 +33,7 @@ pytest.importorskip("gradio")
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 from sapiens2.limits import MAX_FILE_BYTES  # noqa: E402
-from sapiens2.ui.inputs import NOT_UPLOADED  # noqa: E402
+from sapiens2.ui.inputs import NOT_UPLOADED, NOT_UPLOADED_CLIP  # noqa: E402
 
 EXAMPLE = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"  # small: 640x426
 META = {"_type": "gradio.FileData"}
@@ -111,10 +111,14 @@ def seg_args(photo: Any) -> list:
     return [photo, "0.4b", 0.5, []]
 
 
-def assert_refused(event: str, data: Any, text: str) -> None:
+PHOTO_REFUSAL = (NOT_UPLOADED, "Image problem")
+CLIP_REFUSAL = (NOT_UPLOADED_CLIP, "Video problem")  # the Video tab's clip input: same rule, its words
+
+
+def assert_refused(event: str, data: Any, text: str, refusal: tuple[str, str] = PHOTO_REFUSAL) -> None:
     """The one refusal: our words, no file, nothing of the file's content."""
     assert event == "error", text[:300]
-    assert data["error"] == NOT_UPLOADED and data["title"] == "Image problem"
+    assert (data["error"], data["title"]) == refusal
     assert SECRET not in text and "gradio_api/file=" not in text
 
 
@@ -240,13 +244,14 @@ def test_every_file_input_of_every_endpoint_refuses_a_path_not_uploaded(server: 
     too: a server path, tagged or not, gets the one refusal and nothing of the file."""
     found = public_file_inputs(server)
     apis = {api for api, _, _ in found}
-    assert {"pose", "matting", "similarity", "all"} <= apis
+    assert {"pose", "matting", "similarity", "all", "video", "video_plan"} <= apis
     assert sum(api == "matting" for api, _, _ in found) == 2  # the photo and the background
     for api, position, count in found:
+        refusal = CLIP_REFUSAL if api in ("video", "video_plan") else PHOTO_REFUSAL
         for payload in ({"path": "/etc/passwd", "meta": META}, {"path": "/etc/passwd"}):
             data: list[Any] = [None] * count
             data[position] = payload
-            assert_refused(*server.call(api, data))
+            assert_refused(*server.call(api, data), refusal)
 
 
 def test_uploads_and_data_urls_work_and_outputs_stay_in_their_folder(server: Server, tmp_path: Path) -> None:

@@ -278,3 +278,25 @@ def test_the_gpu_function_refuses_to_load_through_the_app(served, monkeypatch, t
     assert manager.loads == loads[0] and ("seg", serving.CUSTOM) not in manager.loaded()
     monkeypatch.undo()
     assert server.call("seg", [photo, None, None, None])[0] == "complete"  # loads again, runs
+
+
+# ----------------------------------------------------------------------------- video
+
+
+def test_a_clip_goes_through_the_gpu_entry_once_per_batch(served, monkeypatch, tmp_path: Path) -> None:
+    """/video in the app: every batch's forward (and pose's detections, once per batch) is one
+    call of the app's GPU entry, each reserving a duration an anonymous visitor can start."""
+    from video_clips import write_clip
+
+    from sapiens2.serving import video as video_serving
+
+    server, _ = served
+    monkeypatch.setattr(video_serving, "MAX_BATCH", 2)
+    watch = DeviceWatch(monkeypatch)
+    clip = {"path": server.upload(write_clip(tmp_path / "c.mp4", n=5, fps=10.0)), "meta": META}
+    event, data, text = server.call("video", [clip, "pose", None, 1, None, 2, True])
+    assert event == "complete", text[:300]
+    assert data[3]["frames"] == 5
+    assert watch.calls == ["pose"] * 6  # per batch of 2 (frames 0-1, 2-3, 4): detect, then forward
+    assert all(zerogpu.gpu_request(s).fits_anonymous for s in watch.seconds)
+    assert {fn.concurrency_id for fn in server.demo.fns.values() if fn.name == "video"} == {MODELS}

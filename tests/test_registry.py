@@ -133,7 +133,7 @@ def test_a_registered_task_gets_a_tab_an_endpoint_and_a_place_in_all(toy, tmp_pa
     manager = serving.ModelManager(device="cpu")
     demo = app.build_demo(manager, folders=serving.RequestFolders(tmp_path / "req"))
     tabs = [b.label for b in demo.blocks.values() if type(b).__name__ == "Tab"]
-    assert tabs[-1] == "Invert" and len(tabs) == 7
+    assert tabs[-2:] == ["Invert", "Video"] and len(tabs) == 8  # task tabs in order, then Video
     api = demo.get_api_info()["named_endpoints"]
     assert [p["parameter_name"] for p in api["/invert"]["parameters"]] == ["photo", "size", "strength"]
     all_params = [p["parameter_name"] for p in api["/all"]["parameters"]]

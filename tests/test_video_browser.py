@@ -8,6 +8,7 @@ negative control: Chromium must refuse it, which shows the check can fail.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,50 @@ def test_gradio_video_component_serves_it_unconverted_and_it_plays(tmp_path: Pat
     assert state["src"].endswith(".webm"), state
     assert state["duration"] == pytest.approx(10 / 12.5, abs=0.05)
     assert state["now"] > state["start"], state
+
+
+def test_the_video_tab_plays_its_result_inside_the_app(tiny_checkpoints, tmp_path: Path, monkeypatch) -> None:
+    """The whole app (tiny checkpoints): upload a clip in the Video tab, run it, and both videos
+    (the frames read and the result) play in their gr.Video players."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import app
+    from sapiens2 import serving
+
+    monkeypatch.setenv("GRADIO_EXAMPLES_CACHE", str(tmp_path / "examples"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    clip = write_clip(tmp_path / "walk.mp4", n=6, fps=10.0)
+    manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+    demo = app.build_demo(manager, folders=serving.RequestFolders(tmp_path / "requests"))
+    _, url, _ = app.launch(demo, host="127.0.0.1", prevent_thread_lock=True, quiet=True)
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=BROWSER_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1100})
+                page.goto(url, wait_until="domcontentloaded", timeout=60_000)
+                page.get_by_role("tab", name="Video", exact=True).click(timeout=60_000)
+                page.locator("#video-clip input[type=file]").set_input_files(str(clip))
+                plan = page.locator("#video-plan textarea")
+                sync_api.expect(plan).to_have_value(re.compile(r"^96x64 at 10 fps"), timeout=60_000)
+                page.get_by_role("button", name="Run on the clip", exact=True).click()
+                info = page.locator("#video-info textarea")
+                sync_api.expect(info).to_have_value(re.compile(r"^pose "), timeout=240_000)
+                states = {
+                    key: page.evaluate(
+                        _PLAY.replace(
+                            'document.getElementById("v")', f'document.querySelector("#video-{key} video")'
+                        )
+                    )
+                    for key in ("result", "source")
+                }
+            finally:
+                browser.close()
+    finally:
+        demo.close()
+    for key, state in states.items():
+        assert state["error"] is None and state["ready"] >= 2, (key, state)
+        assert state["src"].endswith(".webm"), (key, state)
+        assert state["duration"] == pytest.approx(6 / 10.0, abs=0.05), (key, state)
+        assert state["now"] > state["start"], (key, state)  # playback advanced in the app's player

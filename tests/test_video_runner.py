@@ -150,6 +150,45 @@ def test_pose_clip_batches_tracks_and_exports(tmp_path: Path) -> None:
     assert any("no sound" in n for n in result.notices)
 
 
+def test_batched_detection_gives_the_same_tracks_and_a_playable_source_video(tmp_path: Path) -> None:
+    clip = write_clip(tmp_path / "walk.mp4", n=8, fps=10.0)
+    per_frame, batched, many = [], [], []
+    one = colour_detector(per_frame)
+    detect = colour_detector(batched)
+
+    def detect_many(rgbs: list[np.ndarray]) -> list[Detections]:
+        many.append(len(rgbs))
+        return [detect(rgb) for rgb in rgbs]
+
+    kw = dict(batch_size=3, tracking=TrackingOptions(detect_every=2))
+    a = run_video(FakePose(), clip, tmp_path / "a", detect=one, **kw)
+    b = run_video(
+        FakePose(), clip, tmp_path / "b", detect=one, detect_many=detect_many, source_video=True, **kw
+    )
+    assert many == [2, 1, 1]  # detection frames 0 2 | 4 | 6: one call per batch holding any
+    assert len(per_frame) == 4  # only run a's; b's went through detect_many
+    tracks = [
+        json.loads((d / "walk_pose_tracks.json").read_text())["frames"]
+        for d in (tmp_path / "a", tmp_path / "b")
+    ]
+    assert tracks[0] == tracks[1]
+    assert a.source_video is None and b.source_video.name == "walk_source.webm"
+    assert b.source_video not in b.files  # a preview, not a download
+    n, fps, size = count_frames(b.source_video)
+    assert (n, size) == (8, (96, 64)) and fps == pytest.approx(10.0)
+    assert find_boxes(first_frame(b.source_video)).keys() == {"red", "green"}  # the frames as read
+
+
+def first_frame(video: Path) -> np.ndarray:
+    import cv2
+
+    cap = cv2.VideoCapture(str(video), cv2.CAP_FFMPEG)
+    ok, bgr = cap.read()
+    cap.release()
+    assert ok
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
 def test_stride_keeps_the_duration(tmp_path: Path) -> None:
     clip = write_clip(tmp_path / "c.webm", n=8, fps=10.0)
     result = run_video(FakeDense("seg"), clip, tmp_path / "o", stride=3, batch_size=8)

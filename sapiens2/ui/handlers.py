@@ -24,10 +24,12 @@ from ..errors import (
     DeviceError,
     DiskFullError,
     InputImageError,
+    InputVideoError,
     OptionError,
     OutOfMemoryError,
     ResidencyError,
     Sapiens2Error,
+    VideoEncodeError,
     WeightsUnavailableError,
 )
 from ..options import Option
@@ -42,6 +44,8 @@ ERROR_TITLES: list[tuple[type[Exception], str]] = [  # the first match wins: sub
     (ResidencyError, "Server error"),
     (WeightsUnavailableError, "Weights unavailable"),
     (CheckpointError, "Unusable checkpoint"),
+    (InputVideoError, "Video problem"),
+    (VideoEncodeError, "Video encoder missing"),
     (InputImageError, "Image problem"),
     (OptionError, "Invalid option"),
     (OutOfMemoryError, "Out of GPU memory"),

@@ -4,7 +4,8 @@ The rule (issue 11): a file input takes (a) a file Gradio's upload route wrote f
 (``POST /gradio_api/upload``; the page uploads this way too), (b) a file this server itself gave
 the component (an example photo), or (c) the bytes of a data URL. Any other path a caller sends
 is refused with :data:`NOT_UPLOADED`, the same words whatever the path names (an image, a text
-file, a folder, a FIFO, nothing at all), before anything opens it.
+file, a folder, a FIFO, nothing at all), before anything opens it. The video clip input
+(:func:`clip_input`) follows the same rule without (c), refused with :data:`NOT_UPLOADED_CLIP`.
 
 Why the preprocess override does the check rather than Gradio (6.31, read in its source):
 
@@ -38,7 +39,7 @@ import functools
 import os
 import urllib.parse
 import weakref
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import gradio as gr
@@ -51,9 +52,18 @@ NOT_UPLOADED = (
     "/gradio_api/upload and pass the path that returns) or send it as a data URL."
 )
 ERROR_TITLE = "Image problem"
+NOT_UPLOADED_CLIP = (
+    "This file was not uploaded to this app. Upload the clip (API callers: POST it to "
+    "/gradio_api/upload and pass the path that returns)."
+)
+CLIP_ERROR_TITLE = "Video problem"
+#: what the clip input's file picker offers (the reader checks the content, not the name)
+CLIP_TYPES = [".mp4", ".webm", ".mov", ".gif"]
 
-#: each photo input -> the real paths of the files this server gave it (see photo_input)
-_SERVED: weakref.WeakKeyDictionary[gr.Image, set[str]] = weakref.WeakKeyDictionary()
+#: each file input -> the real paths of the files this server gave it (see photo_input)
+_SERVED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+#: each clip input (see clip_input): refused with the clip's words
+_CLIPS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def photo_input(**kwargs: Any) -> gr.Image:
@@ -96,7 +106,30 @@ def photo_input(**kwargs: Any) -> gr.Image:
     return image
 
 
-def received_path(path: object, served: Collection[str] = ()) -> str:
+def clip_input(**kwargs: Any) -> gr.File:
+    """A file input for a video clip under the same rule as :func:`photo_input`: an upload to
+    this app, or nothing. Data URLs are refused too (they would bypass the upload size limit).
+
+    A gr.File rather than a gr.Video: the Video upload widget offers only ``video/*`` (no GIF),
+    and its preprocess would run FFmpeg on the file before the package checked it.
+    """
+    clip = gr.File(file_types=CLIP_TYPES, file_count="single", type="filepath", **kwargs)
+
+    def preprocess(payload: Any) -> Any:
+        if payload is None:
+            return None
+        return received_path(payload.path, (), refusal=not_uploaded_clip)
+
+    clip.preprocess = preprocess  # type: ignore[method-assign]
+    _SERVED[clip] = set()
+    _CLIPS.add(clip)
+    _check_paths_before_gradio(Context.root_block)
+    return clip
+
+
+def received_path(
+    path: object, served: Collection[str] = (), refusal: Callable[[], gr.Error] | None = None
+) -> str:
     """``path`` (resolved) if Gradio's upload route wrote it for the running app or it is in
     ``served``; otherwise gr.Error(NOT_UPLOADED). Nothing here opens the file."""
     blocks = LocalContext.blocks.get(None)  # the app serving this request (set by Gradio)
@@ -110,11 +143,15 @@ def received_path(path: object, served: Collection[str] = ()) -> str:
         real = None
     if real is not None and (real in served or real in {os.path.realpath(p) for p in uploads}):
         return real
-    raise not_uploaded()
+    raise (refusal or not_uploaded)()
 
 
 def not_uploaded() -> gr.Error:
     return gr.Error(NOT_UPLOADED, title=ERROR_TITLE, print_exception=False)
+
+
+def not_uploaded_clip() -> gr.Error:
+    return gr.Error(NOT_UPLOADED_CLIP, title=CLIP_ERROR_TITLE, print_exception=False)
 
 
 def _check_paths_before_gradio(blocks: gr.Blocks | None) -> None:
@@ -130,10 +167,11 @@ def _check_paths_before_gradio(blocks: gr.Blocks | None) -> None:
             served = _SERVED.get(block)
             if served is None or value is None:
                 continue
+            refusal = not_uploaded_clip if block in _CLIPS else not_uploaded
             if not isinstance(value, dict):  # a bare path string, a list...: never an upload
-                raise not_uploaded()
-            if value.get("path") is not None:
-                received_path(value["path"], served)
+                raise refusal()
+            if value.get("path") is not None or block in _CLIPS:  # a clip comes only by path
+                received_path(value.get("path"), served, refusal)
         return await gradio_preprocess_data(block_fn, inputs, *args, **kwargs)
 
     preprocess_data.checks_paths_first = True  # type: ignore[attr-defined]

@@ -40,6 +40,7 @@ from .tracking import IoUTracker
 
 MAX_NOTICES = 8
 Detect = Callable[[np.ndarray], Any]  # rgb -> sapiens2.detect.Detections (or anything with .boxes)
+DetectMany = Callable[[list[np.ndarray]], list[Any]]  # several frames in one device call
 
 
 class FrameHandler:
@@ -59,6 +60,9 @@ class FrameHandler:
             self.notices.append(text)
         else:
             self.dropped_notices += 1
+
+    def prefetch(self, frames: list[tuple[int, np.ndarray]]) -> None:
+        """Before a batch's ``options_for`` calls: (k, rgb) of each frame of the batch."""
 
     def options_for(self, k: int, rgb: np.ndarray) -> dict[str, Any] | None:
         return {}
@@ -206,7 +210,12 @@ class PoseFrames(FrameHandler):
     """Pose with tracks: detector every K frames, tracker between, One-Euro on each track."""
 
     def __init__(
-        self, render_options: Mapping[str, Any], raw_cap: int, tracking: TrackingOptions, detect: Detect
+        self,
+        render_options: Mapping[str, Any],
+        raw_cap: int,
+        tracking: TrackingOptions,
+        detect: Detect,
+        detect_many: DetectMany | None = None,
     ) -> None:
         opts = {
             "threshold": 0.3,
@@ -221,7 +230,8 @@ class PoseFrames(FrameHandler):
                 f"Unknown pose video render option(s) {sorted(unknown)}; allowed: {sorted(opts)}."
             )
         super().__init__({**opts, **render_options}, raw_cap)
-        self.tracking, self.detect = tracking, detect
+        self.tracking, self.detect, self.detect_many = tracking, detect, detect_many
+        self._detected: dict[int, Any] = {}  # k -> detections fetched for the batch
         self.tracker = IoUTracker(
             iou_threshold=tracking.iou_threshold, max_lost=tracking.max_lost,
             follow_keypoints=tracking.follow_keypoints, point_threshold=self.render_options["threshold"],
@@ -233,9 +243,19 @@ class PoseFrames(FrameHandler):
         self.frames: list[PoseFrame] = []
         self._pending: dict[int, tuple[list[int], np.ndarray, np.ndarray]] = {}
 
+    def prefetch(self, frames: list[tuple[int, np.ndarray]]) -> None:
+        """With ``detect_many``: the batch's detection frames in one call (one GPU call)."""
+        todo = [(k, rgb) for k, rgb in frames if k % self.tracking.detect_every == 0]
+        if self.detect_many is None or not todo:
+            return
+        found = list(self.detect_many([rgb for _, rgb in todo]))
+        if len(found) != len(todo):
+            raise OptionError(f"Detection returned {len(found)} results for {len(todo)} frames.")
+        self._detected.update((k, f) for (k, _), f in zip(todo, found, strict=True))
+
     def options_for(self, k: int, rgb: np.ndarray) -> dict[str, Any] | None:
         if k % self.tracking.detect_every == 0:
-            found = self.detect(rgb)
+            found = self._detected.pop(k) if k in self._detected else self.detect(rgb)
             for n in getattr(found, "notices", []):
                 self.note(n)
             boxes = np.asarray(found.boxes, np.float64).reshape(-1, 4)

@@ -30,6 +30,8 @@ _MAX_FPS = 240.0  # high-speed phone video; beyond, the header is not believed
 _FORMATS = "MP4, MOV, WebM or GIF"
 # ISO base media (MP4/MOV/M4V/3GP) files start with a box whose type sits at bytes 4..8
 _BMFF_BOXES = (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"pnot")
+# ISO base media brands of still images (HEIC/HEIF/AVIF): the same boxes, not a clip
+_IMAGE_BRANDS = (b"heic", b"heix", b"hevc", b"heim", b"heis", b"mif1", b"msf1", b"avif", b"avis")
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,23 @@ def _container(head: bytes) -> str | None:
     if head[4:8] in _BMFF_BOXES:
         return "mp4/mov"
     return None
+
+
+def sniff_video(path: str | Path) -> str | None:
+    """The container of a clip ("mp4/mov", "webm/mkv", "gif") from a regular file's first bytes;
+    None for anything else (an image, a folder, a FIFO: never blocks). A GIF may be a still
+    image: callers decide by its frame count."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        head = os.read(fd, 16) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+    if head[4:8] == b"ftyp" and head[8:12] in _IMAGE_BRANDS:
+        return None
+    return _container(head)
 
 
 def _sniff_regular_file(path: Path) -> tuple[str, int]:

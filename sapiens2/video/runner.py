@@ -33,7 +33,15 @@ from ..errors import OptionError
 from ..export import file_stem, safe_path
 from ..imaging import Intake, load_image
 from .exports import RAW_CAP_BYTES
-from .handlers import DenseFrames, DepthFrames, Detect, FrameHandler, PoseFrames, TrackingOptions
+from .handlers import (
+    DenseFrames,
+    DepthFrames,
+    Detect,
+    DetectMany,
+    FrameHandler,
+    PoseFrames,
+    TrackingOptions,
+)
 from .reader import VideoInfo, VideoLimits, check_stride, iter_frames, planned_frames, probe_video
 from .writer import VIDEO_SUFFIX, VideoWriter
 
@@ -102,6 +110,7 @@ class VideoResult:
     notices: list[str] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)  # decode_s, infer_s, model_s, total_s
     details: dict[str, Any] = field(default_factory=dict)  # pose: tracks; pointmap: depth bounds
+    source_video: Path | None = None  # the frames read, as a playable WebM (``source_video=True``)
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly description for UIs, logs and the API."""
@@ -141,7 +150,7 @@ def _handler(
 ) -> FrameHandler:
     if task == "pose":
         detect = kw["detect"] or default_detect(pipe, options)
-        return PoseFrames(render, kw["raw_cap"], kw["tracking"], detect)
+        return PoseFrames(render, kw["raw_cap"], kw["tracking"], detect, kw["detect_many"])
     if task == "pointmap":
         return DepthFrames(render, kw["raw_cap"], kw["depth_percentiles"])
     return DenseFrames(task, render, kw["raw_cap"])
@@ -169,6 +178,7 @@ def _run_batch(
 ) -> list:
     """Infer one batch; returns the rendered frames to write now (in order)."""
     items = []
+    handler.prefetch([(k0 + j, rgb) for j, (_, rgb) in enumerate(batch)])
     for j, (frame, rgb) in enumerate(batch):
         frame_opts = handler.options_for(k0 + j, rgb)
         items.append((frame, rgb, load_image(rgb), frame_opts))
@@ -197,20 +207,23 @@ def _process(
     stages: Any,
     infer: Infer,
     handler: FrameHandler,
-    writer: VideoWriter,
+    writers: tuple[VideoWriter, VideoWriter | None],
     opts: dict,
     timing: dict,
     batch_size: int,
     progress: Progress | None,
 ) -> tuple[int, tuple[int, int]]:
-    """Every batch through the pipeline into the writer, then the deferred frames; returns
-    (frames processed, (width, height))."""
+    """Every batch through the pipeline into the writer (and the frames read into the source
+    writer, when there is one), then the deferred frames; returns (frames processed, (w, h))."""
+    writer, source = writers
     done, size = 0, (0, 0)
     frames = iter_frames(plan.info, stride=plan.stride, limits=limits)
     for batch in _batches(frames, batch_size, timing):
         size = size if done else (batch[0][1].shape[1], batch[0][1].shape[0])
         for rendered in _run_batch(stages, infer, handler, batch, done, plan.info.fps, opts, timing):
             writer.write(rendered)
+        for _, rgb in batch if source is not None else ():
+            source.write(rgb)  # type: ignore[union-attr]
         done += len(batch)
         if progress is not None:
             progress(done, plan.frames)
@@ -236,6 +249,8 @@ def run_video(
     raw_cap_bytes: int = RAW_CAP_BYTES,
     progress: Progress | None = None,
     infer: Infer | None = None,
+    detect_many: DetectMany | None = None,
+    source_video: bool = False,
     name: str | None = None,
 ) -> VideoResult:
     """Run ``pipe`` (a task pipeline) on every ``stride``-th frame of the clip at ``source``.
@@ -245,12 +260,54 @@ def run_video(
     use_segmentation). ``render_options``: pose: threshold, show_face, body_only, show_boxes,
     show_ids; seg/normal/matting: their result's ``render`` options. ``progress(done, planned)``
     after every batch. ``infer``: runs a batch's device work instead of ``pipe.infer`` (e.g. a
-    ZeroGPU function taking the picklable preps; ``detect`` is pose's other device hook).
+    ZeroGPU function taking the picklable preps; ``detect`` is pose's other device hook, and
+    ``detect_many(rgbs)`` detects all of a batch's detection frames in one call instead).
+    ``source_video``: also write the frames read (after stride and downscaling) as
+    ``<name>_source.webm`` (``VideoResult.source_video``), for a side-by-side view that plays.
     Writes ``<name>_<task>.webm`` and the downloads into ``out_dir``.
     Raises InputVideoError (bad clip, limits), OptionError, VideoEncodeError.
     """
     t_start = time.perf_counter()
     task = task or getattr(pipe, "task", None)
+    opts = _checked(task, batch_size, options)
+    plan = plan_video(source, stride=stride, limits=limits)
+    stages = staged(pipe)
+    handler = _handler(
+        task, pipe, opts, render_options or {}, detect=detect, detect_many=detect_many, tracking=tracking,
+        raw_cap=raw_cap_bytes, depth_percentiles=depth_percentiles,
+    )  # fmt: skip
+    out = Path(out_dir)
+    stem = name or file_stem(plan.info.path.name, "clip")
+    writer = VideoWriter(safe_path(out, stem, f"_{task}{VIDEO_SUFFIX}"), plan.fps_out)
+    source = (
+        VideoWriter(safe_path(out, stem, f"_source{VIDEO_SUFFIX}"), plan.fps_out) if source_video else None
+    )
+    timing = {"decode_s": 0.0, "infer_s": 0.0, "model_s": 0.0}
+    try:
+        with writer, source or contextlib.nullcontext():
+            done, size = _process(
+                plan, limits, stages, infer or stages.infer, handler, (writer, source), opts, timing,
+                batch_size, progress,
+            )  # fmt: skip
+            video = writer.close()
+            source_path = source.close() if source is not None else None
+    except BaseException:
+        for w in (writer, source):
+            if w is not None:
+                with contextlib.suppress(OSError):
+                    w.path.unlink(missing_ok=True)  # never leave a half-written video behind
+        raise
+    files = [video, *handler.exports(out, stem, fps=plan.fps_out, size=size)]
+    timing["total_s"] = time.perf_counter() - t_start
+    return VideoResult(
+        task=task, video=video, files=files, source=plan.info, frames=done, fps=plan.fps_out,
+        size=size, codec=writer.codec or "", notices=_notices(plan, size, handler), timing=timing,
+        details=handler.summary(), source_video=source_path,
+    )  # fmt: skip
+
+
+def _checked(task: Any, batch_size: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The inference options, after checking the task, the batch size and the options."""
     if task not in VIDEO_TASKS:
         raise OptionError(f"Video runs the tasks {', '.join(VIDEO_TASKS)}; got {task!r}.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
@@ -258,42 +315,7 @@ def run_video(
     opts = dict(options or {})
     if "boxes" in opts:
         raise OptionError("Video finds the boxes itself (detector and tracker); remove the 'boxes' option.")
-    plan = plan_video(source, stride=stride, limits=limits)
-    stages = staged(pipe)
-    handler = _handler(
-        task, pipe, opts, render_options or {}, detect=detect, tracking=tracking,
-        raw_cap=raw_cap_bytes, depth_percentiles=depth_percentiles,
-    )  # fmt: skip
-    out = Path(out_dir)
-    stem = name or file_stem(plan.info.path.name, "clip")
-    writer = VideoWriter(safe_path(out, stem, f"_{task}{VIDEO_SUFFIX}"), plan.fps_out)
-    timing = {"decode_s": 0.0, "infer_s": 0.0, "model_s": 0.0}
-    try:
-        with writer:
-            done, size = _process(
-                plan,
-                limits,
-                stages,
-                infer or stages.infer,
-                handler,
-                writer,
-                opts,
-                timing,
-                batch_size,
-                progress,
-            )
-            video = writer.close()
-    except BaseException:
-        with contextlib.suppress(OSError):
-            writer.path.unlink(missing_ok=True)  # never leave a half-written video behind
-        raise
-    files = [video, *handler.exports(out, stem, fps=plan.fps_out, size=size)]
-    timing["total_s"] = time.perf_counter() - t_start
-    return VideoResult(
-        task=task, video=video, files=files, source=plan.info, frames=done, fps=plan.fps_out,
-        size=size, codec=writer.codec or "", notices=_notices(plan, size, handler), timing=timing,
-        details=handler.summary(),
-    )  # fmt: skip
+    return opts
 
 
 def _notices(plan: VideoPlan, size: tuple[int, int], handler: FrameHandler) -> list[str]:

@@ -1,0 +1,232 @@
+"""The Video tab and its endpoints: ``/video`` (run a clip) and ``/video_plan`` (check a clip and
+estimate the run before starting it). Requests go through ``sapiens2.serving.video``; the GPU
+work through the app's one GPU entry (``sapiens2.ui.gpu``), one call per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gradio as gr
+
+from ..errors import OptionError
+from ..limits import MAX_FILE_BYTES
+from ..serving.video import VideoRequests
+from ..tasks import registry
+from ..video.handlers import TrackingOptions
+from ..video.reader import VideoLimits
+from ..video.runner import VIDEO_TASKS
+from .gpu import device_call
+from .handlers import Runner, reported, warn
+from .inputs import clip_input
+from .widgets import checked_by_package, size_dropdown
+
+#: What one clip may cost in this app (uploads are capped at MAX_FILE_BYTES by Gradio too).
+APP_VIDEO_LIMITS = VideoLimits(max_bytes=MAX_FILE_BYTES, max_seconds=60.0, max_frames=150)
+STRIDE_MAX = 10
+DETECT_EVERY_MAX = 30
+
+
+def limits_markdown(limits: VideoLimits) -> str:
+    side = limits.max_side
+    return (
+        f"**Limits:** clips up to {limits.max_bytes / 2**20:.0f} MB and {limits.max_seconds:g} s, "
+        f"at most {limits.max_frames} processed frames (after the stride: a longer clip fits with a "
+        f"larger stride), frames up to {limits.max_pixels / 1e6:.1f} MP; frames above {side} px on "
+        "the long side are downscaled. Beyond a limit the run stops with an error saying which. "
+        "The output is a silent WebM (VP8) at the clip's frame rate divided by the stride."
+    )
+
+
+def _whole(value: Any, name: str, default: int) -> int:
+    """An integer option from the API or a slider (which may send 3.0)."""
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionError(f"{name} must be a whole number, got {value!r}.")
+    return value
+
+
+def _task_name(task: Any) -> str:
+    """A video task by API name, zoo name or tab label."""
+    for name in VIDEO_TASKS:
+        decl = registry.get(name)
+        if task in (decl.name, decl.api_name, decl.tab):
+            return decl.name
+    names = ", ".join(registry.get(t).api_name for t in VIDEO_TASKS)
+    raise OptionError(f"Video runs the tasks {names}; got {task!r}.")
+
+
+class VideoEndpoints:
+    """The tab's two endpoint functions over one :class:`VideoRequests`."""
+
+    def __init__(self, run: Runner, limits: VideoLimits = APP_VIDEO_LIMITS) -> None:
+        self.manager = run.manager
+        self.requests = VideoRequests(
+            run.manager, run.requests.folders, device_call(run.manager), limits, announce=gr.Info
+        )
+
+    def job(self, clip: Any, task: Any, size: Any, stride: Any, max_frames: Any, **tracking: Any) -> Any:
+        return self.requests.job(
+            _task_name(task),
+            clip,
+            size,
+            stride=_whole(stride, "stride", 1),
+            max_frames=_whole(max_frames, "max_frames", self.requests.limits.max_frames),
+            tracking=TrackingOptions(**tracking),
+        )
+
+    def plan(self, clip: Any, task: Any, size: Any, stride: Any, max_frames: Any) -> str:
+        if clip is None:
+            return "Upload a clip to see its frame count and the time the run will take."
+        try:
+            with reported(self.manager):
+                job = self.job(clip, task, size, stride, max_frames)
+        except gr.Error as err:
+            return f"Cannot run this clip: {err.message}"
+        info, plan = job.plan.info, job.plan
+        estimate = self.requests.estimate(job)
+        return (
+            f"{info.width}x{info.height} at {info.fps:.3g} fps, {info.duration_s:.1f} s; "
+            f"every {plan.stride} frame(s), output at {plan.fps_out:.3g} fps. "
+            f"{job.task.tab} {job.size}: {estimate.line(self.manager.cuda)}"
+        )
+
+    def run(
+        self,
+        clip: Any,
+        task: Any,
+        size: Any,
+        stride: Any,
+        max_frames: Any,
+        detect_every: Any,
+        smoothing: Any,
+        progress: Callable[..., Any],
+    ) -> list[Any]:
+        if not isinstance(smoothing, bool) and smoothing is not None:
+            raise gr.Error(f"smoothing must be true or false, got {smoothing!r}.", title="Invalid option")
+
+        def report(done: int, planned: int | None) -> None:
+            progress((done, planned or done), desc="Frames", unit="frames")
+
+        with reported(self.manager):
+            job = self.job(
+                clip, task, size, stride, max_frames,
+                detect_every=_whole(detect_every, "detect_every", 5), smoothing=smoothing is not False,
+            )  # fmt: skip
+            result = self.requests.run(job, report)
+        warn(result.notices)
+        line = (
+            f"{result.task} {job.size} · {result.frames} frames at {result.fps:.3g} fps · "
+            f"total {result.timing['total_s']:.1f} s ({result.frames / result.timing['total_s']:.2f} frames/s)"
+        )
+        return [
+            str(result.source_video),
+            str(result.video),
+            [str(p) for p in result.files],
+            result.summary(),
+            line,
+        ]
+
+
+def video_endpoint(ends: VideoEndpoints) -> Callable[..., list[Any]]:
+    def video(
+        clip: Any,
+        task: str = "pose",
+        size: str | None = None,
+        stride: int = 1,
+        max_frames: int | None = None,
+        detect_every: int = 5,
+        smoothing: bool = True,
+        progress: gr.Progress = gr.Progress(),
+    ) -> list[Any]:
+        """Run a task on every stride-th frame of a short clip; returns the frames read and the
+        rendered result as browser-playable WebM videos, the downloads, a summary and a run line.
+
+        Args:
+            clip: the video file (MP4, WebM, MOV or GIF), uploaded to this app.
+            task: pose, seg (body parts), normal, pointmap (depth) or matting.
+            size: model size (None: the task's default on this server).
+            stride: process every stride-th frame (1 = all); the output keeps the clip's duration.
+            max_frames: stop with an error if more frames than this would be processed (None: the server's limit).
+            detect_every: pose: run the person detector on every K-th processed frame; boxes are tracked in between.
+            smoothing: pose: smooth keypoints over time per person (One-Euro filter).
+        """
+        return ends.run(clip, task, size, stride, max_frames, detect_every, smoothing, progress)
+
+    return video
+
+
+def plan_endpoint(ends: VideoEndpoints) -> Callable[..., str]:
+    def video_plan(
+        clip: Any, task: str = "pose", size: str | None = None, stride: int = 1, max_frames: int | None = None
+    ) -> str:
+        """Check a clip against this server's limits and estimate the run before starting it.
+
+        Args:
+            clip: the video file (MP4, WebM, MOV or GIF), uploaded to this app.
+            task: pose, seg, normal, pointmap or matting.
+            size: model size (None: the task's default).
+            stride: process every stride-th frame.
+            max_frames: the most frames to process (None: the server's limit).
+        """
+        return ends.plan(clip, task, size, stride, max_frames)
+
+    return video_plan
+
+
+def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_LIMITS) -> None:
+    """The Video tab: a clip, a task and its size, stride and limits, pose tracking options;
+    the frames read and the result side by side, downloads and a summary."""
+    ends = VideoEndpoints(run, limits)
+    manager = run.manager
+    choices = [(registry.get(t).tab, registry.get(t).api_name) for t in VIDEO_TASKS]
+    with gr.Tab("Video", id="video"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                clip = clip_input(label="Clip (MP4, WebM, MOV or GIF)", elem_id="video-clip")
+                task = checked_by_package(gr.Radio(choices, value="pose", label="Task"))
+                size = size_dropdown(manager.sizes("pose"), manager.default_size("pose"))
+                stride = checked_by_package(gr.Slider(1, STRIDE_MAX, value=1, step=1, label="Frame stride"))
+                max_frames = checked_by_package(
+                    gr.Slider(1, limits.max_frames, value=limits.max_frames, step=1, label="Max frames")
+                )
+                with gr.Accordion("Pose over time", open=False):
+                    detect_every = checked_by_package(
+                        gr.Slider(1, DETECT_EVERY_MAX, value=5, step=1, label="Detect people every K frames")
+                    )
+                    smoothing = gr.Checkbox(True, label="Smooth keypoints (One-Euro filter)")
+                plan = gr.Textbox(label="Before running", interactive=False, lines=2, elem_id="video-plan")
+                button = gr.Button("Run on the clip", variant="primary")
+                gr.Markdown(limits_markdown(limits))
+            with gr.Column(scale=2):
+                with gr.Row():
+                    source = gr.Video(label="Frames read", elem_id="video-source", loop=True)
+                    result = gr.Video(label="Result", elem_id="video-result", loop=True)
+                info = gr.Textbox(label="Run info", interactive=False, max_lines=2, elem_id="video-info")
+                files = gr.File(label="Downloads: video, JSON, ZIP, NPZ", file_count="multiple")
+                summary = gr.JSON(label="Summary", height=240)
+
+    def sizes(task_value: str) -> Any:
+        name = _task_name(task_value)
+        return gr.Dropdown(choices=list(manager.sizes(name)), value=manager.default_size(name))
+
+    task.change(sizes, inputs=task, outputs=size, api_visibility="private")
+    planned = [clip, task, size, stride, max_frames]
+    gr.on(
+        [clip.change, task.change, size.change, stride.release, max_frames.release],
+        plan_endpoint(ends),
+        inputs=planned,
+        outputs=plan,
+        api_name="video_plan",
+    )
+    button.click(
+        video_endpoint(ends),
+        inputs=[*planned, detect_every, smoothing],
+        outputs=[source, result, files, summary, info],
+        api_name="video",
+        concurrency_id=concurrency_id,
+    )
