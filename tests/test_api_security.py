@@ -8,6 +8,7 @@ which is exactly what a hostile caller does not do). Plus the batch CLI on a FIF
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -88,18 +89,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_checkpoints, tmp_path_factory) -> Iterator[Server]:
+@contextlib.contextmanager
+def served_app(tiny_checkpoints: dict[str, Path], tmp: Path) -> Iterator[Server]:
+    """The real app on the tiny checkpoints, served on 127.0.0.1 until the block ends."""
     mp = pytest.MonkeyPatch()
-    tmp = tmp_path_factory.mktemp("api_security")
     mp.setenv("GRADIO_EXAMPLES_CACHE", str(tmp / "examples"))
     mp.setenv("HF_HUB_OFFLINE", "1")
     manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
     demo = app.build_demo(manager, folders=serving.RequestFolders(tmp / "requests"))
     _, url, _ = app.launch(demo, host="127.0.0.1", port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield Server(url, demo, tmp / "requests")
-    demo.close()
-    mp.undo()
+    try:
+        yield Server(url, demo, tmp / "requests")
+    finally:
+        demo.close()
+        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoints, tmp_path_factory) -> Iterator[Server]:
+    with served_app(tiny_checkpoints, tmp_path_factory.mktemp("api_security")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))  # app.py lives at the top level
 
 pytest.importorskip("gradio")
 from gradio_client import Client, handle_file  # noqa: E402
-from test_api_security import META, SECRET, Server, free_port  # noqa: E402
+from test_api_security import META, SECRET, Server, served_app  # noqa: E402
 
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
@@ -43,16 +43,8 @@ FRAMES, FPS = 6, 10.0  # the uploaded clip; runs use stride 2: 3 frames at 5 fps
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoints, tmp_path_factory) -> Iterator[Server]:
-    mp = pytest.MonkeyPatch()
-    tmp = tmp_path_factory.mktemp("video_app")
-    mp.setenv("GRADIO_EXAMPLES_CACHE", str(tmp / "examples"))
-    mp.setenv("HF_HUB_OFFLINE", "1")
-    manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
-    demo = app.build_demo(manager, folders=serving.RequestFolders(tmp / "requests"))
-    _, url, _ = app.launch(demo, host="127.0.0.1", port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield Server(url, demo, tmp / "requests")
-    demo.close()
-    mp.undo()
+    with served_app(tiny_checkpoints, tmp_path_factory.mktemp("video_app")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
