@@ -185,9 +185,14 @@ def _check_image(image: Any) -> np.ndarray:
     return image
 
 
-def _as_boxes(boxes: Any, what: str) -> np.ndarray:
+def as_boxes(boxes: Any, what: str = "boxes", dtype: Any = np.float32) -> np.ndarray:
+    """(N, 4) x1, y1, x2, y2 boxes from a list, array, tensor or :class:`Detections`; an
+    OptionError naming ``what`` when they are not finite numbers of that shape."""
+    boxes = getattr(boxes, "boxes", boxes)
+    if isinstance(boxes, torch.Tensor):
+        boxes = boxes.detach().cpu().numpy()
     try:
-        arr = np.asarray(boxes, dtype=np.float32)
+        arr = np.asarray(boxes, dtype=dtype)
     except (TypeError, ValueError) as err:
         raise OptionError(f"{what} must be numbers shaped (N, 4) as x1, y1, x2, y2; {err}.") from None
     if arr.size == 0:
@@ -423,7 +428,7 @@ def _from_callable(
         boxes, scores = out
     else:
         boxes, scores = out, None
-    arr = _as_boxes(boxes, "Boxes from the injected detector")
+    arr = as_boxes(boxes, "Boxes from the injected detector")
     sc = np.ones(len(arr), np.float32) if scores is None else np.asarray(scores, np.float32).reshape(-1)
     if sc.shape != (len(arr),):
         raise OptionError(f"The injected detector returned {len(arr)} boxes but {sc.size} scores.")
@@ -440,7 +445,7 @@ def _from_callable(
 
 def _caller_boxes(boxes: Any, w: int, h: int) -> Detections:
     """The caller's boxes, clipped to the image; OptionError when none or one is empty."""
-    arr = _as_boxes(boxes, "boxes")
+    arr = as_boxes(boxes)
     if len(arr) == 0:
         raise OptionError("boxes is empty; pass None to detect people, or at least one x1, y1, x2, y2 box.")
     arr[:, 0::2] = arr[:, 0::2].clip(0, w)

@@ -197,7 +197,7 @@ def test_save_writes_the_given_rendering_instead_of_a_default_one(tmp_path):
 
 def test_seg_bad_options_are_explained():
     pipe = small(SegPipeline(model=Fake(halves_seg)))
-    with pytest.raises(OptionError, match=r"shape \(P, 4\)"):
+    with pytest.raises(OptionError, match=r"boxes must be shaped \(N, 4\).*got shape \(1, 3\)"):
         pipe(photo(), boxes=[[1, 2, 3]])
     with pytest.raises(OptionError, match="'detect'"):
         pipe(photo(), boxes="people")

@@ -134,22 +134,9 @@ def finite_logits(logits: torch.Tensor, notices: list[str]) -> torch.Tensor:
 
 def _as_boxes(boxes: Any) -> np.ndarray:
     """Person boxes (P, 4) as float64 x1, y1, x2, y2 in original-image pixels."""
-    boxes = getattr(boxes, "boxes", boxes)  # a detect.Detections works too
-    if isinstance(boxes, torch.Tensor):
-        boxes = boxes.detach().cpu().numpy()
-    try:
-        arr = np.asarray(boxes, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise OptionError("boxes must be a list or array of [x1, y1, x2, y2] rows.") from None
-    if arr.size == 0:
-        return np.zeros((0, 4))
-    if arr.ndim == 1 and arr.shape[0] == 4:
-        arr = arr[None]
-    if arr.ndim != 2 or arr.shape[1] != 4 or not np.isfinite(arr).all():
-        raise OptionError(
-            f"boxes must be finite [x1, y1, x2, y2] rows (shape (P, 4)); got shape {arr.shape}."
-        )
-    return arr
+    from ..detect import as_boxes
+
+    return as_boxes(boxes, dtype=np.float64)
 
 
 def person_masks_from_boxes(foreground: torch.Tensor, boxes: np.ndarray) -> torch.Tensor:
