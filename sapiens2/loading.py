@@ -64,7 +64,8 @@ def load_model(
     is whatever the file holds (tiny test models included); with neither, the zoo's default size
     for the device. ``device`` defaults to CUDA when available; ``dtype`` (bf16 on CUDA, fp32
     elsewhere) is the backbone's and the heads' trunk; each head's final projection and the
-    pointmap scale branch stay float32 (``nn.heads``). ``rope_dtype``: None = the release's bfloat16 RoPE, ``torch.float32`` = transformers'.
+    pointmap scale branch stay float32 (``nn.heads``). ``rope_dtype``: None = the release's
+    bfloat16 RoPE, ``torch.float32`` = transformers'.
     """
     spec = get_task(task)
     if size is not None:

@@ -150,6 +150,15 @@ class Pipeline:
         info.model_s += time.perf_counter() - t0
         return out
 
+    def run_stages(self, image: ImageSource | Intake, **options: Any) -> Any:
+        """The whole request in one process: prepare, infer (a batch of one), finish."""
+        t0 = time.perf_counter()
+        intake = self._prepare(image)
+        [raw] = self.infer([self.prepare(intake, **options)], **options)
+        result = self.finish(raw, intake, **options)
+        result.info.total_s = time.perf_counter() - t0
+        return result
+
     # -- stages: every built-in task overrides all three (docs/DESIGN.md). These defaults let a
     # one-call pipeline (a toy or third-party task) run too: its whole request runs in ``infer``,
     # on the device, so nothing is batched and the full result crosses the GPU boundary.

@@ -8,12 +8,11 @@
   outputs (letterbox padding already cut off, which is exact) -- never photo-sized arrays.
 * ``finish`` (server, CPU): every resize, blur, normalisation and argmax back to the photo.
 
-``pipe(image, **options)`` is ``finish(infer([prepare(intake)]))`` (:func:`run_stages`).
+``pipe(image, **options)`` is ``finish(infer([prepare(intake)]))`` (``Pipeline.run_stages``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..imaging import ImageSource, Intake, PadInfo, network_batch
+from ..imaging import Intake, PadInfo, network_batch
 from .base import Pipeline, RunInfo
 
 #: Inputs per forward inside one ``infer`` (a video batch of 32 frames runs as 4 forwards), so the
@@ -87,13 +86,3 @@ def start_result(pipe: Pipeline, intake: Intake, raw: DenseRaw) -> tuple[RunInfo
     info.model_s = raw.timing.model_s
     info.forward_started = raw.timing.forward_started
     return info, [*intake.notices, *raw.notices]
-
-
-def run_stages(pipe: Pipeline, image: ImageSource | Intake, **options: Any) -> Any:
-    """The whole request in one process: prepare, infer (a batch of one), finish."""
-    t0 = time.perf_counter()
-    intake = pipe._prepare(image)
-    [raw] = pipe.infer([pipe.prepare(intake, **options)], **options)
-    result = pipe.finish(raw, intake, **options)
-    result.info.total_s = time.perf_counter() - t0
-    return result

@@ -4,7 +4,6 @@ shown as the first three principal components in RGB, plus cosine similarity of 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -85,12 +84,7 @@ class FeaturesPipeline(Pipeline):
     task = "pretrain"
 
     def __call__(self, image: Any) -> FeaturesResult:
-        t0 = time.perf_counter()
-        intake = self._prepare(image)
-        [raw] = self.infer([self.prepare(intake)])
-        result = self.finish(raw, intake)
-        result.info.total_s = time.perf_counter() - t0
-        return result
+        return self.run_stages(image)
 
     def prepare(self, intake: Intake, **_: Any) -> FeaturesPrep:
         h, w = self.network_hw
@@ -103,8 +97,8 @@ class FeaturesPipeline(Pipeline):
         if not batch:
             return []
         info = self.run_info()
-        pixels = torch.from_numpy(np.stack([p.pixels for p in batch])).permute(0, 3, 1, 2)
-        out = self.timed_forward(info, imaging.normalize(imaging.to_device(pixels, self.device), self.dtype))
+        pixels = imaging.network_batch([p.pixels for p in batch], self.device, self.dtype)
+        out = self.timed_forward(info, pixels)
         share = replace(info, model_s=info.model_s / len(batch))  # one forward, shared
         emb, patches = out.cls_embedding.cpu(), out.patch_features.cpu()
         return [FeaturesRaw(emb[i].clone(), patches[i].clone(), replace(share)) for i in range(len(batch))]

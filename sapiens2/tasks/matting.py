@@ -21,7 +21,7 @@ from ..options import Option
 from ..render import CHROMA_GREEN
 from ..zoo import get_task
 from .base import Pipeline, TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, run_stages, start_result, to_cpu32
+from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .registry import Task, forward_seconds
 
 
@@ -78,7 +78,7 @@ class MattingPipeline(Pipeline):
     task = "matting"
 
     def __call__(self, image: Any) -> MattingResult:
-        return run_stages(self, image)
+        return self.run_stages(image)
 
     def prepare(self, intake: Intake, **_: Any) -> DensePrep:
         """transformers' input (the only published one for matting): antialiased bilinear, uint8."""

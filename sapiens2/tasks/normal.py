@@ -22,7 +22,7 @@ from ..imaging import Intake, crop_padding, resize_to
 from ..options import Option
 from ..zoo import get_task
 from .base import TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, run_stages, start_result, to_cpu32
+from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .registry import Task, forward_seconds
 from .seg import SegLogits, SegMaskedPipeline
 
@@ -96,7 +96,7 @@ class NormalPipeline(SegMaskedPipeline):
         """Normals of one image. ``remove_background`` also runs the body-part segmentation model
         (class 0 = background) to mask the person; if it cannot be loaded, a notice says so and
         every pixel is kept."""
-        return run_stages(self, image, remove_background=remove_background)
+        return self.run_stages(image, remove_background=remove_background)
 
     def prepare(self, intake: Intake, *, remove_background: bool = False, **_: Any) -> DensePrep:
         return self.prepare_dense(intake, remove_background)

@@ -23,7 +23,7 @@ from ..imaging import Intake, PadInfo, crop_padding, resize_to
 from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, run_stages, start_result, to_cpu32
+from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .registry import Task, View, forward_seconds
 from .seg import SegLogits, SegMaskedPipeline
 
@@ -144,7 +144,7 @@ class PointmapPipeline(SegMaskedPipeline):
         """Pointmap of one image. ``use_segmentation`` runs the body-part segmentation model for the
         foreground; without it (or when it cannot be loaded, with a notice) the foreground is
         every pixel with a finite, positive depth."""
-        return run_stages(self, image, use_segmentation=use_segmentation)
+        return self.run_stages(image, use_segmentation=use_segmentation)
 
     def prepare(self, intake: Intake, *, use_segmentation: bool = True, **_: Any) -> DensePrep:
         return self.prepare_dense(intake, use_segmentation)

@@ -17,7 +17,6 @@ Flow of :class:`PosePipeline`, in its three stages (``__call__`` = all three in 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -206,13 +205,9 @@ class PosePipeline(Pipeline):
         accurate, one extra crop per person. None (default): on when the model is on a GPU, off
         on a CPU (where it doubles the time).
         """
-        t0 = time.perf_counter()
-        intake = self._prepare(image)
-        opts = {"flip_test": flip_test, "score_threshold": score_threshold, "max_people": max_people}
-        [raw] = self.infer([self.prepare(intake, boxes=boxes, **opts)], **opts)
-        result = self.finish(raw, intake)
-        result.info.total_s = time.perf_counter() - t0
-        return result
+        return self.run_stages(
+            image, boxes=boxes, flip_test=flip_test, score_threshold=score_threshold, max_people=max_people
+        )
 
     def _flip_test(self, flip_test: bool | None) -> bool:
         """``flip_test`` checked; None becomes the device's default (on for CUDA)."""

@@ -26,7 +26,7 @@ from ..options import Option
 from ..render import blend_segmentation, class_shares, colorize_labels, segmentation_legend
 from ..zoo import get_task
 from .base import Pipeline, TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, run_stages, start_result
+from .dense import DensePrep, DenseRaw, chunked_forward, start_result
 from .registry import Task, View, forward_seconds
 
 # finite stand-ins for non-finite logits: a NaN class must never win the argmax
@@ -229,7 +229,7 @@ class SegPipeline(Pipeline):
         ``boxes`` gives per-person masks (the non-background pixels inside each box; a pixel in
         two boxes belongs to both): (P, 4) x1, y1, x2, y2 in original pixels, a ``Detections``,
         or ``"detect"`` to run the person detector (``sapiens2.detect.detect_people``)."""
-        return run_stages(self, image, boxes=boxes)
+        return self.run_stages(image, boxes=boxes)
 
     def prepare(self, intake: Intake, *, boxes: Any = None, **_: Any) -> DensePrep:
         """The release's stretch to the network input (INTER_AREA shrinking, INTER_CUBIC
