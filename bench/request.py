@@ -87,6 +87,25 @@ def shape_model(task: str, size: str, device: torch.device, dtype: torch.dtype) 
     return model.to(dtype).eval()
 
 
+_TINY_DIR: list[Path] = []
+
+
+def tiny_model(task: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The test suite's tiny random checkpoint of ``task`` (written once per process into a
+    temporary folder), loaded the way the app loads a checkpoint: for smoke runs of the scripts."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_checkpoints import TINY_TASKS, make_tiny_checkpoint
+
+    if task not in TINY_TASKS:
+        raise SystemExit(f"no tiny checkpoint is defined for {task!r} (tests/tiny_checkpoints.py)")
+    if not _TINY_DIR:
+        _TINY_DIR.append(Path(tempfile.mkdtemp(prefix="sapiens2-tiny-")))
+    folder = _TINY_DIR[0] / task
+    if not (folder / "config.json").exists():
+        make_tiny_checkpoint(task, folder, seed=list(TINY_TASKS).index(task))
+    return load_model(task, checkpoint=folder, device=device, dtype=dtype)
+
+
 # ----------------------------------------------------------------------------- one request
 
 
@@ -172,6 +191,8 @@ def build(task: str, size: str, args: argparse.Namespace, seg_model: Any) -> Any
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     if args.weights == "zoo":
         model = load_model(task, size, device=device, dtype=dtype)
+    elif args.weights == "tiny":
+        model = tiny_model(task, device, dtype)
     else:
         model = shape_model(task, size, device, dtype)
     kwargs: dict[str, Any] = {"model": model}
@@ -296,7 +317,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="timed requests per case after one warm-up")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, choices=list(DTYPES), help="default: bf16 on CUDA, else fp32")
-    ap.add_argument("--weights", default="random", choices=["random", "zoo"])
+    ap.add_argument(
+        "--weights",
+        default="random",
+        choices=["random", "zoo", "tiny"],
+        help="random: published shapes; zoo: real checkpoints; tiny: the tests' tiny models (smoke runs)",
+    )
     ap.add_argument("--compile", default="off", choices=["off", "torch"], help="torch.compile (CUDA only)")
     ap.add_argument(
         "--input-hw", nargs=2, type=int, metavar=("H", "W"), help="smaller network input (smoke runs)"
@@ -331,7 +357,7 @@ def main() -> None:
         out.mkdir()
         for size in args.sizes.split(","):
             for task in args.tasks.split(","):
-                if size not in TASKS[task].sizes:
+                if size not in TASKS[task].sizes and args.weights != "tiny":
                     if args.weights == "zoo" or size not in ARCHS:
                         print(
                             f"# {task}: no {size} checkpoint (sizes {', '.join(TASKS[task].sizes)}); skipped"
