@@ -703,7 +703,7 @@ def sustained_model_tflops(plan: Plan) -> tuple[float, str]:
     model = random_model("pretrain", size, plan.device)
     model = loaded_copy(model, plan.dtype) if plan.dtype != torch.float32 else model
     x = torch.randn(1, 3, *plan.hw, device=plan.device, dtype=plan.dtype)
-    flops = count_flops(lambda: model(x))
+    flops = count_flops(lambda: model(x), published_flops(model, plan.hw, 1))
     runs = max(3, int(plan.sustain_s / max(1e-3, median_ms(lambda: model(x), plan.device, 1) / 1e3)))
     ms = median_ms(lambda: model(x), plan.device, runs)
     return flops / (ms / 1e3) / 1e12, f"{size} pretrain forward {plan.hw[0]}x{plan.hw[1]}, {runs} runs"

@@ -194,3 +194,52 @@ def test_quick_cpu_run_reports_every_section(tmp_path: Path) -> None:
     assert comp["support"].startswith("used only for a CUDA GPU")
     assert comp["forced_eager_backend"]["applied"] is True
     assert _figures(doc, "compile")["torch.compile gain"]["note"] == gpu.NO_CUDA
+
+
+def _plan(gpu, device: str, quick: bool = False):
+    args = gpu.parse_args(["--device", "cpu"] + (["--quick"] if quick else []))
+    plan = gpu.make_plan(args)
+    plan.device = torch.device(device)  # only the verdict logic runs below: no CUDA needed
+    return plan
+
+
+def test_forward_verdicts_judge_the_targets_on_a_full_gpu_run() -> None:
+    gpu = _gpu_bench()
+    row = {
+        "size": "1b", "batch": 1, "head_dim": 64, "ours_ms": 12.0, "transformers_ms": 19.0,
+        "speedup": 19.0 / 12.0, "tflops": 390.0, "peak_pct": 55.0, "sdpa": {"flash": 16, "math": 24},
+    }  # fmt: skip
+    sec = gpu.Section("forward")
+    gpu.forward_figures(_plan(gpu, "cuda"), sec, row)
+    met = {f.name.split(": ")[-1]: f.met for f in sec.figures}
+    assert met == {
+        "ours": None,
+        "% of bf16 peak": False,  # 55 < 60
+        "transformers / ours": True,  # 1.58 >= 1.5
+        "1b SDPA kernels, head dim 64": False,  # the math fallback ran
+    }
+    sec = gpu.Section("forward")
+    gpu.forward_figures(_plan(gpu, "cpu", quick=True), sec, row)
+    assert all(f.met is None or f.name.endswith("head dim 64") for f in sec.figures)  # not judged
+
+
+def test_a_failing_part_is_a_failed_figure_and_a_section_error() -> None:
+    gpu = _gpu_bench()
+
+    def runner(plan, sec):
+        sec.add("fine", 1.0, "ms")
+        gpu.guarded(
+            sec, "5b forward", lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory"))
+        )
+        sec.add("after", 2.0, "ms")  # the section went on
+
+    gpu.RUNNERS["probe"] = runner
+    try:
+        [sec] = gpu.run_sections(_plan(gpu, "cpu", quick=True), ["probe"])
+    finally:
+        del gpu.RUNNERS["probe"]
+    assert sec.status.startswith("error: 1 part(s) failed: 5b forward: error: OutOfMemoryError")
+    assert [f.name for f in sec.figures] == ["fine", "5b forward", "after"]
+    assert sec.figures[1].met is False and sec.figures[1].value is None
+    table = gpu.markdown([sec], gpu.metadata(_plan(gpu, "cpu", quick=True)))
+    assert "| probe | 5b forward | — | runs | **NO** |" in table and "**section failed**" in table
