@@ -846,7 +846,7 @@ def _cell(value: Any, unit: str) -> str:
 def markdown(sections: list[Section], meta: dict[str, Any]) -> str:
     lines = [
         f"device {meta['device_name']}, torch {meta['torch']}, {meta['dtype']}, "
-        f"{'quick' if meta['quick'] else 'full'} run, bf16 peak {meta['peak_tflops'] or '—'} TFLOP/s",
+        f"{'quick run (numbers meaningless, targets not judged)' if meta['quick'] else 'full run'}, bf16 peak {meta['peak_tflops'] or '—'} TFLOP/s",
         "",
         "| section | figure | value | target | met | note |",
         "|---|---|---:|---|:-:|---|",
