@@ -1,4 +1,4 @@
-"""Batch command line: ``python -m sapiens2 TASK INPUT... --size SIZE --out DIR [task options]``.
+"""Batch command line: ``sapiens2 TASK`` (the installed command) or ``python -m sapiens2 TASK INPUT... --size SIZE --out DIR [task options]``.
 
 One sub-command per registered task; its flags are generated from the task's declared options
 (``python -m sapiens2 pose --help`` lists them). Images, clips and folders (searched recursively)
@@ -93,9 +93,14 @@ def add_video(parser: argparse.ArgumentParser, task: registry.Task) -> None:
         )
 
 
+def prog_name() -> str:
+    """``sapiens2`` when run as the installed command, else ``python -m sapiens2``."""
+    return "sapiens2" if Path(sys.argv[0]).stem == "sapiens2" else "python -m sapiens2"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m sapiens2",
+        prog=prog_name(),
         description="Run a Sapiens2 task on images and folders; write the export files per image.",
     )
     sub = p.add_subparsers(dest="task", metavar="TASK", required=True, help="what to compute")
