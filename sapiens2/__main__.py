@@ -13,6 +13,7 @@ malformed command line).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -336,7 +337,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    # Say on stderr when weights are being downloaded (a first use can take minutes); warnings too.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("sapiens2.weights").setLevel(logging.INFO)
+    return run(args)
 
 
 if __name__ == "__main__":
