@@ -205,3 +205,18 @@ def test_fresh_venv_console_script(installed: dict[str, object]) -> None:
     print(
         f"\nfresh venv: created in {installed['venv_s']:.2f} s, pip install in {installed['install_s']:.2f} s"
     )
+
+
+def test_readme_keeps_two_set_up_commands_and_the_cpu_torch_note() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250  # the visitor's page; details live in docs/
+    section = readme.split("## Set-up: the two commands", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("\n", 1)[1].strip() for b in section.split("```")[1::2]]
+    assert blocks == [
+        "pip install -r requirements.txt && python app.py",
+        "pip install -r requirements-test.txt && python -m pytest",
+    ]
+    ci = (ROOT / ".ci" / "run").read_text().split("verbatim:\n", 1)[1].splitlines()[0]
+    assert ci.replace(" -q ", " ") == blocks[1]  # CI runs the README's test command (pip made quiet)
+    pin = str(read_requirements(ROOT / "requirements.txt")["torch"].specifier)
+    assert f"`pip install torch{pin} --index-url https://download.pytorch.org/whl/cpu`" in section
