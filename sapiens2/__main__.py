@@ -66,7 +66,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=sorted(DTYPES), help="weights dtype (default: bfloat16 on GPU, float32 on CPU)"
     )
     parser.add_argument(
-        "--checkpoint", help="a .safetensors file or a folder holding one (instead of the Hub)"
+        "--checkpoint",
+        help="a .safetensors file or a folder holding one (instead of the Hub); it decides the model, "
+        "and --size, if given, must match a published-size file",
     )
 
 
@@ -227,7 +229,14 @@ def make_pipeline(args: argparse.Namespace, task: registry.Task) -> Any:
     for switch in task.cli_switches:
         if getattr(args, switch.flag.lstrip("-").replace("-", "_")):
             extra.update(switch.kwargs)
-    return task.pipeline(args.size, checkpoint=args.checkpoint, device=args.device, dtype=dtype, **extra)
+    pipe = task.pipeline(args.size, checkpoint=args.checkpoint, device=args.device, dtype=dtype, **extra)
+    if args.checkpoint and args.size and getattr(pipe, "size", args.size) is None:  # say what ran
+        print(
+            f"note: {args.checkpoint} has no published size; it runs as 'custom' (--size {args.size} "
+            "is not checked)",
+            file=sys.stderr,
+        )
+    return pipe
 
 
 def run_images(args: argparse.Namespace, task: registry.Task, files: list[Path], failed: int) -> int:

@@ -78,6 +78,7 @@ def test_cli_size_with_a_custom_checkpoint_runs(
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "1 done, 0 failed" in captured.out and "Pass size" not in captured.err
+    assert "has no published size; it runs as 'custom' (--size 0.4b is not checked)" in captured.err
     assert any((out / "p").iterdir())
 
 
