@@ -118,3 +118,28 @@ def test_app_custom_checkpoint_takes_every_size(tiny_checkpoints) -> None:
     assert pipe.run_info().line().startswith("seg custom")
     with pytest.raises(OptionError, match="Size 'huge' does not exist for seg"):
         manager.key("seg", "huge")
+
+
+def test_app_endpoint_refuses_another_size_and_offers_the_files(
+    pose_04b: Path, photo: Path, tmp_path: Path
+) -> None:
+    """Through the served app: the Pose size menu holds the file's size alone, and an API call for
+    another size gets the rule's message (the app never runs the file as if it were that size)."""
+    pytest.importorskip("gradio")
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+    from test_api_security import served_app
+
+    with served_app({"pose": pose_04b}, tmp_path) as server:
+        menus = [
+            c["props"]
+            for c in server.demo.config["components"]
+            if c.get("props", {}).get("label") == "Model size"
+        ]
+        assert [("0.4b", "0.4b")] in [list(map(tuple, m["choices"])) for m in menus]  # the Pose tab's menu
+        client = Client(server.url, verbose=False)
+        with pytest.raises(AppError) as err:
+            client.predict(photo=handle_file(str(photo)), size="1b", api_name="/pose")
+        msg = str(err.value)
+        assert "checkpoint my_pose.safetensors, size 0.4b; size 1b is not offered" in msg
+        assert "choose size 0.4b or no size" in msg
