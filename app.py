@@ -124,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--size", default=None, help="default model size for every task that offers it")
     ap.add_argument(
         "--checkpoint", action="append", default=[], metavar="TASK=PATH",
-        help=f"use this checkpoint file/folder for TASK whatever size is chosen (repeatable; also ${serving.CHECKPOINTS_ENV})",
+        help=f"this checkpoint file/folder is TASK's model; a size only checks it (repeatable; also ${serving.CHECKPOINTS_ENV})",
     )  # fmt: skip
     ap.add_argument("--max-models", type=int, default=None, help="models kept loaded besides preloaded ones")
     ap.add_argument("--preload", action="store_true", help="load each task's default size before serving")

@@ -1,4 +1,4 @@
-"""Batch command line: ``python -m sapiens2 TASK INPUT... --size SIZE --out DIR [task options]``.
+"""Batch command line: ``sapiens2 TASK`` (the installed command) or ``python -m sapiens2 TASK INPUT... --size SIZE --out DIR [task options]``.
 
 One sub-command per registered task; its flags are generated from the task's declared options
 (``python -m sapiens2 pose --help`` lists them). Images, clips and folders (searched recursively)
@@ -13,6 +13,7 @@ malformed command line).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -65,7 +66,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=sorted(DTYPES), help="weights dtype (default: bfloat16 on GPU, float32 on CPU)"
     )
     parser.add_argument(
-        "--checkpoint", help="a .safetensors file or a folder holding one (instead of the Hub)"
+        "--checkpoint",
+        help="a .safetensors file or a folder holding one (instead of the Hub); it decides the model, "
+        "and --size, if given, must match a published-size file",
     )
 
 
@@ -93,9 +96,14 @@ def add_video(parser: argparse.ArgumentParser, task: registry.Task) -> None:
         )
 
 
+def prog_name() -> str:
+    """``sapiens2`` when run as the installed command, else ``python -m sapiens2``."""
+    return "sapiens2" if Path(sys.argv[0]).stem == "sapiens2" else "python -m sapiens2"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m sapiens2",
+        prog=prog_name(),
         description="Run a Sapiens2 task on images and folders; write the export files per image.",
     )
     sub = p.add_subparsers(dest="task", metavar="TASK", required=True, help="what to compute")
@@ -221,7 +229,14 @@ def make_pipeline(args: argparse.Namespace, task: registry.Task) -> Any:
     for switch in task.cli_switches:
         if getattr(args, switch.flag.lstrip("-").replace("-", "_")):
             extra.update(switch.kwargs)
-    return task.pipeline(args.size, checkpoint=args.checkpoint, device=args.device, dtype=dtype, **extra)
+    pipe = task.pipeline(args.size, checkpoint=args.checkpoint, device=args.device, dtype=dtype, **extra)
+    if args.checkpoint and args.size and getattr(pipe, "size", args.size) is None:  # say what ran
+        print(
+            f"note: {args.checkpoint} has no published size; it runs as 'custom' (--size {args.size} "
+            "is not checked)",
+            file=sys.stderr,
+        )
+    return pipe
 
 
 def run_images(args: argparse.Namespace, task: registry.Task, files: list[Path], failed: int) -> int:
@@ -331,7 +346,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    # Say on stderr when weights are being downloaded (a first use can take minutes); warnings too.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("sapiens2.weights").setLevel(logging.INFO)
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -60,8 +60,8 @@ def load_model(
 ) -> nn.Module:
     """A ready ``eval()`` Sapiens2 model for ``task``; ``model(pixel_values)`` returns its output dataclass.
 
-    ``size``: a zoo size ("0.4b", "1b", ...); with an explicit ``checkpoint`` and no size the model
-    is whatever the file holds (tiny test models included); with neither, the zoo's default size
+    ``size``: a zoo size ("0.4b", "1b", ...); with an explicit ``checkpoint`` the file decides the
+    model and a size only checks it (:func:`checkpoint_size_conflict`); with neither, the zoo's default size
     for the device. ``device`` defaults to CUDA when available; ``dtype`` (bf16 on CUDA, fp32
     elsewhere) is the backbone's and the heads' trunk; each head's final projection and the
     pointmap scale branch stay float32 (``nn.heads``). ``rope_dtype``: None = the release's
@@ -85,7 +85,7 @@ def load_model(
         model, info = build_from_shapes(shapes, device="meta", rope_dtype=rope_dtype)
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from None
-    _check_identity(path, info, task, size)
+    _check_identity(path, info, task, size, explicit=checkpoint is not None)
     _check_keys(path, model, shapes)
     with cuda_emulation():  # ZeroGPU: a request thread moves to emulated CUDA too
         _load_into(model, path, dev, dtype)
@@ -144,17 +144,39 @@ def _what(info: ArchInfo) -> str:
     )
 
 
-def _check_identity(path: Path, info: ArchInfo, task: str, size: str | None) -> None:
+def checkpoint_size_conflict(file_size: str | None, size: str | None) -> str | None:
+    """The one rule for a size given together with an explicit checkpoint, shared by the Python
+    API, the command line and the app: the file decides the model, and the size only checks it.
+
+    A file of a published size (its shapes match 0.4b, 1b ...) must be that size; a file of no
+    published size (other widths, the tests' tiny models) has nothing to check and takes any size
+    (results are labelled "custom"). No size means the file's own. Returns what to do about a
+    conflict, or None.
+    """
+    if size in (None, "") or file_size is None or size == file_size:
+        return None
+    return (
+        f"With a checkpoint the size only checks the file: choose size {file_size} or no size to use "
+        f"this file, or point to a {size} file."
+    )
+
+
+def _check_identity(path: Path, info: ArchInfo, task: str, size: str | None, *, explicit: bool) -> None:
     if info.task != task:
         raise CheckpointError(
             f"{path} is {_what(info)}, not a {task} checkpoint. "
             f"Load it with load_model({info.task!r}, checkpoint=...) or pass a {task} file."
         )
-    if size is not None and info.size != size:
+    if size is None or info.size == size:
+        return
+    if not explicit:  # found by size (local root or Hub): a file of another shape is a wrong file
         raise CheckpointError(
-            f"{path} is {_what(info)}, not size {size}. "
-            f"Pass size={info.size!r} (or no size) to use this file, or point to a {size} file."
+            f"{path} is {_what(info)}, not size {size}: the file found for size {size} is not one. "
+            "Delete it and download it again, or pass the file you meant as the checkpoint."
         )
+    conflict = checkpoint_size_conflict(info.size, size)
+    if conflict is not None:
+        raise CheckpointError(f"{path} is {_what(info)}, not size {size}. {conflict}")
 
 
 def _few(keys: list[str], n: int = 5) -> str:

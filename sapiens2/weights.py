@@ -25,6 +25,13 @@ from .zerogpu import cuda_emulation
 log = logging.getLogger(__name__)
 
 ENV_VAR = "SAPIENS2_CHECKPOINTS"
+#: Seconds the Hub gets to answer one request before a download is attempted (env override for a
+#: slow connection). huggingface_hub itself retries a dead connection for about 24 s in silence.
+HUB_TIMEOUT_ENV = "SAPIENS2_HUB_TIMEOUT"
+DEFAULT_HUB_TIMEOUT_S = 3.0
+#: How long a probe's verdict is reused (a batch of files or requests asks once).
+_PROBE_TTL_S = 60.0
+_probes: dict[str, tuple[float, str | None]] = {}  # endpoint -> (monotonic time, reason or None)
 #: Called with the file's path after each file that had to be downloaded (see ``on_download``).
 _DOWNLOAD_LISTENERS: list[Callable[[Path], None]] = []
 
@@ -96,7 +103,10 @@ def find_weights(
 
     tried = list(dict.fromkeys([*filenames, "model.safetensors"]))
     reasons: list[str] = []
-    local_only = False
+    # The Hub gets one quick request first: unreachable, the cache still answers at once and a
+    # missing file is an error within seconds instead of after huggingface_hub's retries.
+    unreachable = hub_unreachable(repo_id, tried[0], revision)
+    local_only = unreachable is not None
     for name in tried:
         try:
             return _from_hub(repo_id, name, revision, local_only)
@@ -111,6 +121,14 @@ def find_weights(
                 raise full from err
             reasons.append(_hub_reason(err))
             break
+    if unreachable is not None:
+        raise WeightsUnavailableError(
+            f"Weights for {repo_id} are not in the Hugging Face cache{root_note}, and the Hub cannot be "
+            f"reached: {unreachable}. Fix it one of these ways: connect to the internet (on a slow "
+            f"connection set {HUB_TIMEOUT_ENV}=30), download {tried[0]} from https://huggingface.co/{repo_id} "
+            f"yourself and set {ENV_VAR}=/your/root so that /your/root/{local_path} exists, or pass the "
+            "file as the checkpoint. Set HF_HUB_OFFLINE=1 to use only files already downloaded."
+        )
     reason = reasons[0] if reasons else "unknown error"  # the first name's, as the message names it
     raise WeightsUnavailableError(
         f"Weights for {repo_id} are not available here{root_note}: could not get {tried[0]} from the "
@@ -120,12 +138,60 @@ def find_weights(
     )
 
 
+def hub_timeout() -> float:
+    """Seconds for the reachability probe: ``$SAPIENS2_HUB_TIMEOUT`` or 3."""
+    try:
+        value = float(os.environ.get(HUB_TIMEOUT_ENV, "") or DEFAULT_HUB_TIMEOUT_S)
+    except ValueError:
+        return DEFAULT_HUB_TIMEOUT_S
+    return value if value > 0 else DEFAULT_HUB_TIMEOUT_S
+
+
+def hub_unreachable(repo_id: str, filename: str, revision: str | None = None) -> str | None:
+    """Why the Hub cannot be reached now, or None when it answers (any HTTP status counts, a gated
+    or missing file included: huggingface_hub then says what is wrong) or when offline mode is on.
+
+    One HEAD request, no retries, within :func:`hub_timeout` seconds; the verdict is reused for a
+    minute per endpoint."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return None  # hf_hub_download reads only the cache then: nothing to wait for
+    url = hf_hub_url(repo_id, filename, revision=revision)
+    endpoint = url.split("/", 3)[2] if "://" in url else url
+    seen = _probes.get(endpoint)
+    if seen is not None and time.monotonic() - seen[0] < _PROBE_TTL_S:
+        return seen[1]
+    timeout = hub_timeout()
+    t0 = time.monotonic()
+    try:
+        get_session().head(url, timeout=timeout, follow_redirects=False)
+        reason = None
+    except Exception as err:  # DNS failure, refused, timeout, proxy or TLS error: all "unreachable"
+        where = f"{url.split('/', 3)[0]}//{endpoint}"
+        if "timeout" in type(err).__name__.lower():
+            reason = f"{where} did not answer within {timeout:.1f} s"
+        else:
+            reason = f"{where} refused or failed the connection ({type(err).__name__}: {_first_line(err)})"
+        log.debug("Hub probe failed after %.1f s: %s", time.monotonic() - t0, reason)
+    _probes[endpoint] = (time.monotonic(), reason)
+    return reason
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _from_hub(repo_id: str, name: str, revision: str | None, local_only: bool) -> Path:
     """``hf_hub_download`` (tqdm progress included), then mark the file used and tell the
     download listeners when it was not in the cache before."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     cached = isinstance(try_to_load_from_cache(repo_id, name, revision=revision), str)
+    if not cached and not local_only:  # huggingface_hub's tqdm bar follows (and the app's progress)
+        log.info("downloading %s from %s (first use; cached afterwards)", name, repo_id)
     path = Path(hf_hub_download(repo_id, name, revision=revision, local_files_only=local_only))
     _mark_used(path)
     if not cached:

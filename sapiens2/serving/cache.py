@@ -29,7 +29,7 @@ from .memory import free_accelerator_memory
 
 log = logging.getLogger(__name__)
 
-#: The key size used for a task whose checkpoint is given explicitly (any size choice maps to it).
+#: The key size used for a task whose checkpoint is given explicitly (the file decides its model).
 CUSTOM = "custom"
 #: Pipelines kept besides pinned ones when no byte budget is given: "All tasks" at one size fits.
 DEFAULT_MAX_MODELS = 6
@@ -53,8 +53,10 @@ def pipeline_bytes(pipe: Any) -> int:
 class ModelManager:
     """Thread-safe bounded cache of task pipelines keyed by (task, size).
 
-    ``checkpoints`` maps a task to an explicit checkpoint file or folder used for that task
-    whatever size is chosen (custom or fine-tuned weights; the tests' tiny checkpoints).
+    ``checkpoints`` maps a task to an explicit checkpoint file or folder (fine-tuned or custom
+    weights; the tests' tiny checkpoints): the file decides that task's model, and a chosen size
+    only checks it (``loading.checkpoint_size_conflict``): a file of a published size offers that
+    size alone, a file of no published size takes any size.
     ``size`` overrides the default size of every task that offers it. ``factory`` builds a
     pipeline (``factory(task, size, checkpoint=..., device=..., dtype=..., **borrowed)``); the
     default is the task's pipeline class. Unpinned pipelines are evicted least recently used first
@@ -94,6 +96,7 @@ class ModelManager:
         self._pinned: set[Key] = set()
         self._held: dict[Key, int] = {}  # keys in use by requests in flight -> how many
         self._locks: dict[Key, threading.Lock] = {}
+        self._file_sizes: dict[str, str | None] = {}  # task -> its checkpoint's published size
         self.loads = 0  # successful loads (a cache hit does not count)
         self.failures = 0  # failed loads
         if hasattr(os, "register_at_fork"):  # ZeroGPU runs GPU functions in a forked worker
@@ -111,10 +114,31 @@ class ModelManager:
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
 
+    def checkpoint_size(self, task: str) -> str | None:
+        """The published size of the task's explicit checkpoint, read from its header once; None
+        without a checkpoint, for a file of no published size, or for an unreadable file (whose
+        load then reports what is wrong)."""
+        name = registry.get(task).name
+        if name not in self.checkpoints:
+            return None
+        if name not in self._file_sizes:
+            from ..loading import describe_checkpoint
+
+            try:
+                size = describe_checkpoint(self.checkpoints[name]).get("size")
+            except (Sapiens2Error, OSError):
+                size = None
+            self._file_sizes[name] = str(size) if size else None
+        return self._file_sizes[name]
+
     def sizes(self, task: str) -> tuple[str, ...]:
-        return registry.get(task).spec.sizes
+        own = self.checkpoint_size(task)
+        return (own,) if own else registry.get(task).spec.sizes
 
     def default_size(self, task: str) -> str:
+        own = self.checkpoint_size(task)
+        if own:
+            return own
         spec = registry.get(task).spec
         return str(self.size) if self.size in spec.sizes else spec.default_size(self.cuda)
 
@@ -128,8 +152,23 @@ class ModelManager:
     def key(self, task: str, size: str | None) -> Key:
         name = registry.get(task).name
         if name in self.checkpoints:
+            self._check_checkpoint_size(name, size)
             return (name, CUSTOM)
         return (name, self.resolve_size(name, size))
+
+    def _check_checkpoint_size(self, task: str, size: str | None) -> None:
+        """The same rule as ``load_model(size, checkpoint=...)``: a size only checks the file."""
+        if size in (None, ""):
+            return
+        registry.get(task).spec.check_size(str(size))  # a size that exists nowhere is refused too
+        from ..loading import checkpoint_size_conflict
+
+        conflict = checkpoint_size_conflict(self.checkpoint_size(task), str(size))
+        if conflict is not None:
+            raise OptionError(
+                f"This server's {task} model is the checkpoint {self.checkpoints[task].name}, size "
+                f"{self.checkpoint_size(task)}; size {size} is not offered. {conflict}"
+            )
 
     def borrowed_size(self, borrowed: str, size: str | None) -> str | None:
         """Size of a borrowed model: the borrower's when offered (same cost class), else the default."""
