@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from ..imaging import Intake, PadInfo, crop_padding, resize_to
+from ..mesh import PREVIEW_MAX_FACES, GridMesh
 from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
-from ..mesh import PREVIEW_MAX_FACES, GridMesh
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .registry import Task, View, forward_seconds
