@@ -9,8 +9,8 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import trimesh
 import pytest
+import trimesh
 from PIL import Image
 
 from sapiens2 import export
