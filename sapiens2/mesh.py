@@ -181,8 +181,17 @@ def _prepare(path: str | Path) -> Path:
 
 def write_mesh_glb(path: str | Path, mesh: GridMesh, *, opencv_to_gltf: bool = True) -> Path:
     """glTF 2.0 binary: one TRIANGLES primitive, POSITION float32, COLOR_0 RGBA uint8 normalised,
-    uint32 indices. ``opencv_to_gltf``: camera frame -> glTF frame (see :data:`OPENCV_TO_GLTF`)."""
+    uint32 indices. ``opencv_to_gltf``: camera frame -> glTF frame (see :data:`OPENCV_TO_GLTF`).
+
+    A mesh with vertices but no face (every triangle cut) is written as a POINTS primitive, since
+    glTF writers drop a triangle primitive without indices and the vertices would be lost."""
     p = _prepare(path)
+    if mesh.num_faces == 0 and len(mesh.vertices):
+        from .export import write_glb
+
+        return write_glb(
+            p, mesh.vertices, mesh.colors, max_points=len(mesh.vertices), opencv_to_gltf=opencv_to_gltf
+        )
     _trimesh(mesh, opencv_to_gltf).export(p, file_type="glb")
     return p
 

@@ -106,6 +106,10 @@ def test_empty_and_bad_inputs(tmp_path: Path) -> None:
     assert len(empty.vertices) == empty.num_faces == 0
     assert M.write_mesh_glb(tmp_path / "e.glb", empty).read_bytes()[:4] == b"glTF"
     assert b"element vertex 0" in M.write_mesh_ply(tmp_path / "e.ply", empty).read_bytes()
+    cut = M.grid_mesh(np.random.default_rng(0).uniform(1, 9, (8, 8, 3)), None, colours(8, 8), focal_px=F)
+    assert cut.num_faces == 0 and len(cut.vertices) == 64  # noise: every triangle cut
+    [points] = trimesh.load(M.write_mesh_glb(tmp_path / "c.glb", cut), process=False).geometry.values()
+    assert len(points.vertices) == 64  # the vertices survive as points
     one_row = M.grid_mesh(pm[:1], None, colours(1, 8), focal_px=F)
     assert len(one_row.vertices) == 8 and one_row.num_faces == 0
     with pytest.raises(InputImageError, match="share H x W"):
@@ -142,3 +146,24 @@ def test_pointmap_result_writes_the_mesh_files(tmp_path: Path) -> None:
     assert view.kind == "model3d" and view.value(res, list(files.values())) == str(
         files["p_mesh_preview.glb"]
     )
+
+
+def test_cli_writes_the_mesh_by_default(tiny_checkpoints, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from sapiens2.__main__ import main
+
+    src = tmp_path / "in" / "me.png"
+    src.parent.mkdir()
+    Image.fromarray(colours(30, 40)).save(src)
+    args = ["pointmap", str(src), "--checkpoint", str(tiny_checkpoints["pointmap"]), "--no-segmentation"]
+    assert main([*args, "--device", "cpu", "--out", str(tmp_path / "out")]) == 0
+    folder = tmp_path / "out" / "me"
+    pm = np.load(folder / "me_pointmap.npy")
+    fg = np.isfinite(pm).all(2) & (pm[:, :, 2] > 0)  # without segmentation: every finite, positive depth
+    # (a random tiny model's depth is noise, so most triangles may be cut: count vertices)
+    [loaded] = trimesh.load(folder / "me_mesh.glb", process=False).geometry.values()
+    assert len(loaded.vertices) == fg.sum()
+    ply = trimesh.load(folder / "me_mesh.ply", process=False)
+    assert len(ply.vertices) == fg.sum()
+    assert (folder / "me_mesh_preview.glb").is_file()

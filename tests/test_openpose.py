@@ -120,3 +120,23 @@ def test_widths_scale_with_the_photo_and_wild_points_do_not_crash() -> None:
     assert op.draw_openpose(kp, sc, (64, 64)).shape == (64, 64, 3)
     kp[0, keypoint_index("right_elbow")] = (np.nan, 5)
     assert op.draw_openpose(kp, sc, (64, 64)).shape == (64, 64, 3)
+
+
+def test_cli_writes_coco18_and_the_conditioning_picture(tiny_checkpoints, tmp_path) -> None:
+    import json
+
+    from PIL import Image
+
+    from sapiens2.__main__ import main
+
+    src = tmp_path / "in" / "me.png"
+    src.parent.mkdir()
+    Image.fromarray(np.full((48, 32, 3), 128, np.uint8)).save(src)
+    args = ["pose", str(src), "--checkpoint", str(tiny_checkpoints["pose"]), "--no-detector"]
+    assert main([*args, "--device", "cpu", "--out", str(tmp_path / "out"), "--threshold", "0"]) == 0
+    folder = tmp_path / "out" / "me"
+    doc = json.loads((folder / "me_openpose_coco18.json").read_text())
+    assert (doc["canvas_width"], doc["canvas_height"]) == (32, 48) and len(doc["people"]) == 1
+    assert len(doc["people"][0]["hand_left_keypoints_2d"]) == 63
+    picture = np.asarray(Image.open(folder / "me_openpose.png"))
+    assert picture.shape == (48, 32, 3) and picture.any()  # threshold 0: every point is drawn
