@@ -31,8 +31,8 @@ import numpy as np
 from .errors import InputImageError, OptionError
 
 MAX_EDGE_FOOTPRINTS = 10.0
-#: faces of the browser preview: ~100k vertices, a ~3.6 MB GLB that a laptop's WebGL viewer turns
-#: at full frame rate; the full-resolution mesh stays in the downloads
+#: faces of the browser preview: ~100k vertices, a ~4 MB GLB, small enough for the page's WebGL
+#: viewer to load fast and stay responsive (not frame-rate measured); the full mesh is a download
 PREVIEW_MAX_FACES = 200_000
 #: camera frame (x right, y down, z forward) -> glTF (y up, z toward the viewer): a 180 degree
 #: turn about x, so triangle winding (and which side faces the camera) is kept
