@@ -70,6 +70,8 @@ def _inputs(pointmap: Any, mask: Any, image: Any) -> tuple[np.ndarray, np.ndarra
 def estimate_focal(pointmap: np.ndarray, valid: np.ndarray) -> float:
     """Focal length in pixels implied by the points themselves (x/z changes by 1/f per column);
     used when the model's focal is unknown. Falls back to the image width."""
+    rows = max(1, pointmap.shape[0] // 256)  # every k-th row: a few hundred rows pin the median
+    pointmap, valid = pointmap[::rows], valid[::rows]
     with np.errstate(divide="ignore", invalid="ignore"):
         slope = pointmap[:, :, 0] / pointmap[:, :, 2]
     both = valid[:, 1:] & valid[:, :-1]
@@ -107,11 +109,10 @@ def grid_mesh(
     z = pm[:, :, 2]
     with np.errstate(invalid="ignore"):
         valid = m & np.isfinite(pm).all(axis=2) & (z > 0)
-    f = float(focal_px) if focal_px is not None and math.isfinite(focal_px) and focal_px > 0 else None
-    if f is None:
-        f = estimate_focal(pm, valid) / step if valid.any() else 1.0
+    if focal_px is not None and math.isfinite(focal_px) and focal_px > 0:
+        f = float(focal_px) / step  # the subsampled grid's pixels are `step` times larger
     else:
-        f /= step  # the subsampled grid's pixels are `step` times larger
+        f = estimate_focal(pm, valid)  # measured on the subsampled grid: already in its pixels
     index = np.full(valid.shape, -1, np.int32)
     index[valid] = np.arange(int(valid.sum()), dtype=np.int32)
     faces = _faces(pm, z, index, (max_edge_footprints / f) ** 2)

@@ -54,6 +54,11 @@ def test_the_step_is_cut_without_a_focal_too() -> None:
     mesh = M.grid_mesh(pm, None, colours(h, w), focal_px=float("nan"))
     depth = mesh.vertices[mesh.faces][:, :, 2]
     assert (np.ptp(depth, axis=1) < 0.01).all() and mesh.num_faces == 2 * (h - 2) * (w - 1)
+    # on a grid of every 2nd pixel the estimate is in that grid's pixels: a 20 cm step at 3 m is
+    # 17 footprints there (cut); a focal off by 2 would make it 8 (kept)
+    z[10:] = 3.2
+    coarse = M.grid_mesh(plane_pointmap(h, w, z), None, colours(h, w), focal_px=None, step=2)
+    assert coarse.num_faces == 2 * (5 - 1) * (15 - 1) * 2  # two 5-row halves, nothing across
 
 
 def test_vertices_are_the_foreground_pixels_in_row_major_order() -> None:
