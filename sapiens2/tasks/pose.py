@@ -409,7 +409,7 @@ TASK = Task(
     button="Run pose",
     summary="Pose: 308 keypoints per person (body, hands, feet, face).",
     result_label="Pose",
-    downloads="Downloads (308-point JSON, COCO-17, OpenPose BODY_25 and COCO-18, ControlNet pose PNG, PNG)",
+    downloads="Downloads (308-point JSON, COCO-17, OpenPose BODY_25 / COCO-18, ControlNet pose PNG, drawing)",
     gpu_seconds=_gpu_seconds,
     options=(
         Option(
