@@ -1,5 +1,8 @@
 """Files people download: PNG, NPY, JSON (Sapiens-308, COCO-17, OpenPose BODY_25), PLY, GLB.
 
+Point clouds are written with ``trimesh`` (as are meshes, :mod:`sapiens2.mesh`); OpenPose COCO-18
+and the ControlNet picture live in :mod:`sapiens2.openpose`.
+
 Every writer takes a path and returns the Path it wrote. File names come from ``safe_path``:
 a caller's name is reduced to [A-Za-z0-9_-] so it can never leave the output folder.
 """
@@ -9,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -305,25 +307,25 @@ def _cloud(points: Any, colors: Any) -> tuple[np.ndarray, np.ndarray | None]:
     return pts[keep], None if cols is None else cols[keep]
 
 
+def _trimesh_cloud(points: np.ndarray, colors: np.ndarray | None) -> Any:
+    """A trimesh object for a cloud: a PointCloud, or an empty Trimesh when there is no point
+    (trimesh refuses to export an empty PointCloud; an empty Trimesh gives a valid empty file)."""
+    import trimesh
+
+    if len(points) == 0:
+        return trimesh.Trimesh(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int32), process=False)
+    rgba = None
+    if colors is not None:  # RGBA: trimesh writes a 4th (alpha) channel anyway
+        rgba = np.concatenate([colors, np.full((len(colors), 1), 255, np.uint8)], axis=1)
+    return trimesh.PointCloud(points, colors=rgba)
+
+
 def write_ply(path: str | Path, points: Any, colors: Any = None) -> Path:
-    """Binary little-endian PLY: float32 x, y, z (+ uchar red, green, blue); non-finite points dropped."""
+    """Binary little-endian PLY (trimesh): float x, y, z (+ uchar red, green, blue, alpha = 255);
+    non-finite points dropped."""
     pts, cols = _cloud(points, colors)
-    fields = [("x", "<f4"), ("y", "<f4"), ("z", "<f4")]
-    props = ["property float x", "property float y", "property float z"]
-    if cols is not None:
-        fields += [("red", "u1"), ("green", "u1"), ("blue", "u1")]
-        props += ["property uchar red", "property uchar green", "property uchar blue"]
-    rec = np.empty(len(pts), dtype=fields)
-    rec["x"], rec["y"], rec["z"] = pts[:, 0], pts[:, 1], pts[:, 2]
-    if cols is not None:
-        rec["red"], rec["green"], rec["blue"] = cols[:, 0], cols[:, 1], cols[:, 2]
-    header = "\n".join(
-        ["ply", "format binary_little_endian 1.0", f"element vertex {len(pts)}", *props, "end_header"]
-    )
     p = _prepare(path)
-    with open(p, "wb") as f:
-        f.write(header.encode("ascii") + b"\n")
-        f.write(rec.tobytes())
+    _trimesh_cloud(pts, cols).export(p, file_type="ply")
     return p
 
 
@@ -334,10 +336,6 @@ def subsample(n: int, max_points: int) -> np.ndarray:
     return np.sort(np.random.default_rng(0).choice(n, size=max_points, replace=False))
 
 
-def _pad4(data: bytes, fill: bytes) -> bytes:
-    return data + fill * (-len(data) % 4)
-
-
 def write_glb(
     path: str | Path,
     points: Any,
@@ -346,67 +344,19 @@ def write_glb(
     max_points: int = GLB_MAX_POINTS,
     opencv_to_gltf: bool = True,
 ) -> Path:
-    """glTF 2.0 binary with one POINTS primitive (POSITION float32 + COLOR_0 RGBA uint8 normalised).
+    """glTF 2.0 binary (trimesh) with one POINTS primitive (POSITION float32, COLOR_0 RGBA uint8
+    normalised when colours are given).
 
     At most max_points points (a deterministic random subset; keep the full cloud in the PLY).
     opencv_to_gltf: the points are camera coordinates (x right, y down, z forward) and are
     turned into glTF's frame (y up, z toward the viewer) by negating y and z, so a viewer shows
-    the person upright. An empty cloud gives a valid file with an empty scene.
+    the person upright. An empty cloud gives a valid file whose one node has no mesh.
     """
     if max_points < 1:
         raise OptionError(f"max_points must be at least 1, got {max_points}.")
     pts, cols = _cloud(points, colors)
     idx = subsample(len(pts), max_points)
     pts = pts[idx] * (np.array([1, -1, -1], np.float32) if opencv_to_gltf else 1)
-    pts = np.ascontiguousarray(pts, dtype="<f4")
-    gltf: dict[str, Any] = {"asset": {"version": "2.0", "generator": "sapiens2"}, "scene": 0}
-    if len(pts) == 0:
-        gltf["scenes"] = [{}]
-        return _write_glb_file(path, gltf, b"")
-    rgba = np.full((len(pts), 4), 255, np.uint8)  # VEC4: a uint8 VEC3 would break 4-byte alignment
-    if cols is not None:
-        rgba[:, :3] = cols[idx]
-    pos_bytes, col_bytes = pts.tobytes(), rgba.tobytes()  # both lengths are multiples of 4
-    gltf.update(
-        {
-            "scenes": [{"nodes": [0]}],
-            "nodes": [{"mesh": 0, "name": "point_cloud"}],
-            "meshes": [{"primitives": [{"attributes": {"POSITION": 0, "COLOR_0": 1}, "mode": 0}]}],
-            "buffers": [{"byteLength": len(pos_bytes) + len(col_bytes)}],
-            "bufferViews": [
-                {"buffer": 0, "byteOffset": 0, "byteLength": len(pos_bytes), "target": 34962},
-                {"buffer": 0, "byteOffset": len(pos_bytes), "byteLength": len(col_bytes), "target": 34962},
-            ],
-            "accessors": [
-                {
-                    "bufferView": 0,
-                    "componentType": 5126,  # FLOAT
-                    "count": len(pts),
-                    "type": "VEC3",
-                    "min": pts.min(axis=0).tolist(),
-                    "max": pts.max(axis=0).tolist(),
-                },
-                {
-                    "bufferView": 1,
-                    "componentType": 5121,
-                    "normalized": True,
-                    "count": len(pts),
-                    "type": "VEC4",
-                },
-            ],
-        }
-    )
-    return _write_glb_file(path, gltf, pos_bytes + col_bytes)
-
-
-def _write_glb_file(path: str | Path, gltf: dict[str, Any], binary: bytes) -> Path:
-    json_chunk = _pad4(json.dumps(gltf, separators=(",", ":")).encode("utf-8"), b" ")
-    chunks = struct.pack("<II", len(json_chunk), 0x4E4F534A) + json_chunk  # "JSON"
-    if binary:
-        bin_chunk = _pad4(binary, b"\x00")
-        chunks += struct.pack("<II", len(bin_chunk), 0x004E4942) + bin_chunk  # "BIN\0"
     p = _prepare(path)
-    with open(p, "wb") as f:
-        f.write(struct.pack("<III", 0x46546C67, 2, 12 + len(chunks)))  # "glTF", version 2, total length
-        f.write(chunks)
+    _trimesh_cloud(pts, None if cols is None else cols[idx]).export(p, file_type="glb")
     return p

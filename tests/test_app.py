@@ -132,6 +132,10 @@ def test_pose(client: Client) -> None:
     check_pose_json(data)
     found = check_files(files, {".json", ".png"})
     check_pose_json(json.loads(found[".json"].read_text()))
+    by_name = {Path(p).name.split("_", 1)[-1]: Path(p) for p in files}  # the creators' formats too
+    coco18 = json.loads(by_name["openpose_coco18.json"].read_text())
+    assert all(len(p["pose_keypoints_2d"]) == 54 for p in coco18["people"])
+    assert Image.open(by_name["openpose.png"]).size == PHOTO_WH
     assert line.startswith("pose ") and "cpu" in line and "model" in line
 
 
@@ -156,8 +160,10 @@ def test_normal(client: Client) -> None:
 def test_pointmap(client: Client) -> None:
     pair, glb, files, line = client.predict(photo(), "0.4b", False, api_name="/pointmap")
     check_slider(pair)
-    assert Path(glb).read_bytes()[:4] == b"glTF"
+    assert Path(glb).read_bytes()[:4] == b"glTF" and Path(glb).name.endswith("_mesh_preview.glb")
     check_files(files, {".glb", ".ply", ".npy", ".png"})
+    names = {Path(p).name.split("_", 1)[-1] for p in files}
+    assert {"mesh.glb", "mesh.ply", "mesh_preview.glb", "pointcloud.glb", "pointcloud.ply"} <= names
     assert line.startswith("pointmap ")
 
 

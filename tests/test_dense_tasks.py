@@ -296,7 +296,8 @@ def parse_ply(path) -> tuple[int, np.ndarray]:
     assert header[:2] == ["ply", "format binary_little_endian 1.0"]
     count = int(next(line for line in header if line.startswith("element vertex")).split()[-1])
     rec = np.frombuffer(
-        data[end:], dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("r", "u1"), ("g", "u1"), ("b", "u1")]
+        data[end:],
+        dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("r", "u1"), ("g", "u1"), ("b", "u1"), ("a", "u1")],
     )
     assert len(rec) == count
     return count, rec
@@ -319,6 +320,9 @@ def test_pointmap_end_to_end_tiny(pipes, photo_path, tmp_path):
             "person_depth.png",
             "person_pointcloud.ply",
             "person_pointcloud.glb",
+            "person_mesh.glb",
+            "person_mesh.ply",
+            "person_mesh_preview.glb",
         ]
     )
     assert np.load(tmp_path / "person_pointmap.npy").shape == (H, W, 3)

@@ -335,7 +335,9 @@ def check_exports(shown: serving.Presented, hw: tuple[int, int], out: Path) -> N
             head, _, body = p.read_bytes().partition(b"end_header\n")
             n = int(head.split(b"element vertex ")[1].split(b"\n")[0])
             has_color = b"red" in head
-            rec = np.frombuffer(body, dtype=[("xyz", "<f4", 3)] + ([("rgb", "u1", 3)] if has_color else []))
+            rgba = [("rgba", "u1", 4)] if has_color else []
+            size = n * np.dtype([("xyz", "<f4", 3), *rgba]).itemsize  # vertices first, then any faces
+            rec = np.frombuffer(body[:size], dtype=[("xyz", "<f4", 3), *rgba])
             assert len(rec) == n and np.isfinite(rec["xyz"]).all()
         elif p.suffix == ".glb":
             assert p.read_bytes()[:4] == b"glTF"

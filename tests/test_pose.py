@@ -324,7 +324,9 @@ def test_tiny_checkpoint_end_to_end(tiny_pose: Path, tmp_path: Path) -> None:
     names = sorted(p.name for p in paths)
     assert names == [
         "three_people_coco17.json",
+        "three_people_openpose.png",
         "three_people_openpose_body25.json",
+        "three_people_openpose_coco18.json",
         "three_people_pose.json",
         "three_people_pose.png",
     ]
@@ -339,6 +341,11 @@ def test_tiny_checkpoint_end_to_end(tiny_pose: Path, tmp_path: Path) -> None:
     assert all(len(a["keypoints"]) == 51 for a in coco["annotations"])
     body25 = json.loads((tmp_path / "out" / "three_people_openpose_body25.json").read_text())
     assert [len(p["pose_keypoints_2d"]) for p in body25["people"]] == [75, 75, 75]
+    coco18 = json.loads((tmp_path / "out" / "three_people_openpose_coco18.json").read_text())
+    assert [len(p["pose_keypoints_2d"]) for p in coco18["people"]] == [54, 54, 54]
+    assert (coco18["canvas_width"], coco18["canvas_height"]) == (320, 240)
+    conditioning = np.asarray(Image.open(tmp_path / "out" / "three_people_openpose.png"))
+    assert np.array_equal(conditioning, res.openpose(threshold=0.3)) and conditioning.shape == (240, 320, 3)
     png = np.asarray(Image.open(tmp_path / "out" / "three_people_pose.png"))
     assert png.shape == (240, 320, 3)
     assert res.to_dict()["detection"] == {"source": "detector", "num_found": 3}

@@ -127,7 +127,8 @@ def test_pose_clip_batches_tracks_and_exports(tmp_path: Path) -> None:
     assert (n, size) == (8, (96, 64)) and fps == pytest.approx(10.0)
     assert [p.name for p in result.files] == [
         "walk_pose.webm", "walk_pose_tracks.json", "walk_coco17.json",
-        "walk_openpose_body25.zip", "walk_pose_frames.npz",
+        "walk_openpose_body25.zip", "walk_openpose_coco18.zip", "walk_openpose.webm",
+        "walk_pose_frames.npz",
     ]  # fmt: skip
     doc = json.loads((tmp_path / "out/walk_pose_tracks.json").read_text())
     assert doc["format"] == "sapiens2-308-video" and doc["fps"] == 10.0 and len(doc["frames"]) == 8
@@ -144,6 +145,12 @@ def test_pose_clip_batches_tracks_and_exports(tmp_path: Path) -> None:
         names = z.namelist()
         assert names[0] == "walk_000000000000_keypoints.json" and len(names) == 8
         assert {p["person_id"][0] for p in json.loads(z.read(names[5]))["people"]} == {0, 1}
+    with zipfile.ZipFile(tmp_path / "out/walk_openpose_coco18.zip") as z:
+        doc18 = json.loads(z.read(z.namelist()[5]))
+        assert len(z.namelist()) == 8 and (doc18["canvas_width"], doc18["canvas_height"]) == (96, 64)
+        assert [len(p["pose_keypoints_2d"]) for p in doc18["people"]] == [54, 54]
+    n, fps, size = count_frames(tmp_path / "out/walk_openpose.webm")  # the conditioning video
+    assert (n, size) == (8, (96, 64)) and fps == pytest.approx(10.0)
     npz = np.load(tmp_path / "out/walk_pose_frames.npz")
     assert npz["keypoints"].shape == (8, 2, 308, 2) and float(npz["fps"]) == 10.0
     assert result.details == {"tracks": 2, "people_max": 2}

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..imaging import Intake, PadInfo, crop_padding, resize_to
+from ..mesh import PREVIEW_MAX_FACES, GridMesh
 from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
@@ -68,13 +69,17 @@ class PointmapResult(TaskResult):
 
     def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
         """Writes ``<name>_depth.npy`` (H, W), ``<name>_pointmap.npy`` (H, W, 3), ``<name>_depth.png``
-        (the render), ``<name>_pointcloud.ply`` (every foreground point, image colours) and
-        ``<name>_pointcloud.glb`` (a subset of at most ``export.GLB_MAX_POINTS``, glTF frame); returns their paths.
+        (the render), ``<name>_pointcloud.ply`` (every foreground point, image colours),
+        ``<name>_pointcloud.glb`` (a subset of at most ``export.GLB_MAX_POINTS``, glTF frame),
+        ``<name>_mesh.glb`` and ``<name>_mesh.ply`` (the full-resolution mesh, :mod:`sapiens2.mesh`)
+        and ``<name>_mesh_preview.glb`` (the decimated mesh the 3D viewer shows); returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
         from ..export import safe_path, write_glb, write_npy, write_ply, write_png
+        from ..mesh import write_mesh_glb, write_mesh_ply
 
         pts, cols = self.points()
+        full = self.mesh()
         paths = [
             write_npy(safe_path(out_dir, self.name, "_depth.npy"), self.depth),
             write_npy(safe_path(out_dir, self.name, "_pointmap.npy"), self.pointmap),
@@ -83,8 +88,20 @@ class PointmapResult(TaskResult):
             ),
             write_ply(safe_path(out_dir, self.name, "_pointcloud.ply"), pts, cols),
             write_glb(safe_path(out_dir, self.name, "_pointcloud.glb"), pts, cols),  # subsampled for browsers
+            write_mesh_glb(safe_path(out_dir, self.name, "_mesh.glb"), full),
+            write_mesh_ply(safe_path(out_dir, self.name, "_mesh.ply"), full),
+            write_mesh_glb(safe_path(out_dir, self.name, "_mesh_preview.glb"), self.mesh(preview=True)),
         ]
         return [Path(p) for p in paths]
+
+    def mesh(self, *, preview: bool = False) -> GridMesh:
+        """The foreground as a triangle mesh (:func:`sapiens2.mesh.grid_mesh`; vertices = the
+        foreground points in :meth:`points` order), or with ``preview`` the decimated copy of at
+        most ``mesh.PREVIEW_MAX_FACES`` faces."""
+        from ..mesh import grid_mesh, preview_mesh
+
+        build = preview_mesh if preview else grid_mesh
+        return build(self.pointmap, self.mask, self.image, focal_px=self.focal_px)
 
 
 #: The release's demo smooths the pointmap before enlarging it: 4 passes of a 3x3 Gaussian.
@@ -210,8 +227,8 @@ def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float
     return forward_seconds(size, 1 + len(_needs(infer_opts)))
 
 
-def _glb(result: Any, files: list[Path]) -> str | None:
-    return next((str(p) for p in files if p.suffix == ".glb"), None)
+def _mesh_preview(result: Any, files: list[Path]) -> str | None:
+    return next((str(p) for p in files if p.name.endswith("_mesh_preview.glb")), None)
 
 
 TASK = Task(
@@ -220,9 +237,9 @@ TASK = Task(
     api_name="pointmap",
     tab="Pointmap / 3D",
     button="Run pointmap",
-    summary="Pointmap / 3D: metric XYZ per pixel, a depth view and a coloured point cloud.",
+    summary="Pointmap / 3D: metric XYZ per pixel, a depth view, a coloured point cloud and mesh.",
     result_label="Depth",
-    downloads="Downloads (PLY, GLB, depth and XYZ NPY, depth PNG)",
+    downloads="Downloads (mesh GLB/PLY, point cloud PLY/GLB, depth and XYZ NPY, depth PNG)",
     gpu_seconds=_gpu_seconds,
     options=(
         Option(
@@ -234,7 +251,7 @@ TASK = Task(
             "keep only the person (body-part model) in the point cloud",
         ),
     ),
-    views=(View("model3d", "Point cloud (GLB)", _glb),),
+    views=(View("model3d", f"3D mesh (preview: at most {PREVIEW_MAX_FACES:,} faces)", _mesh_preview),),
     borrows=("seg",),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},

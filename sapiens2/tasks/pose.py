@@ -99,11 +99,14 @@ class PoseResult(TaskResult):
         self, out_dir: str | Path, *, threshold: float = 0.3, rendered: np.ndarray | None = None
     ) -> list[Path]:
         """Writes ``<name>_pose.json`` (308 named points), ``<name>_coco17.json``,
-        ``<name>_openpose_body25.json`` and ``<name>_pose.png`` (the rendering); returns the paths.
-        ``threshold`` decides which points COCO/OpenPose mark as detected. ``rendered``: an image
+        ``<name>_openpose_body25.json``, ``<name>_openpose_coco18.json`` (body + hands,
+        :mod:`sapiens2.openpose`), ``<name>_openpose.png`` (the ControlNet conditioning picture) and
+        ``<name>_pose.png`` (the rendering); returns the paths. ``threshold`` decides which points
+        COCO/OpenPose mark as detected (and the conditioning picture draws). ``rendered``: an image
         already rendered (e.g. with the viewer's options) to write as the PNG instead of a fresh
         ``render(threshold=threshold)``."""
         from ..export import coco17_json, openpose_body25_json, safe_path, write_json, write_png
+        from ..openpose import openpose_coco18_json
 
         kp, sc, wh = self.keypoints, self.scores, self._wh()
         picture = self.render(threshold=threshold) if rendered is None else rendered
@@ -123,8 +126,23 @@ class PoseResult(TaskResult):
                     openpose_body25_json(kp, sc, threshold=threshold),
                 )
             ),
+            Path(
+                write_json(
+                    safe_path(out_dir, self.name, "_openpose_coco18.json"),
+                    openpose_coco18_json(kp, sc, image_size=wh, threshold=threshold),
+                )
+            ),
+            Path(
+                write_png(safe_path(out_dir, self.name, "_openpose.png"), self.openpose(threshold=threshold))
+            ),
             Path(write_png(safe_path(out_dir, self.name, "_pose.png"), picture)),
         ]
+
+    def openpose(self, *, threshold: float = 0.3) -> np.ndarray:
+        """The ControlNet OpenPose conditioning picture at the photo's size (body + hands on black)."""
+        from ..openpose import draw_openpose
+
+        return draw_openpose(self.keypoints, self.scores, self.image.shape[:2], threshold=threshold)
 
     def _wh(self) -> tuple[int, int]:
         return int(self.image.shape[1]), int(self.image.shape[0])
@@ -391,7 +409,7 @@ TASK = Task(
     button="Run pose",
     summary="Pose: 308 keypoints per person (body, hands, feet, face).",
     result_label="Pose",
-    downloads="Downloads (308-point JSON, COCO-17, OpenPose BODY_25, PNG)",
+    downloads="Downloads (308-point JSON, COCO-17, OpenPose BODY_25 / COCO-18, ControlNet pose PNG, drawing)",
     gpu_seconds=_gpu_seconds,
     options=(
         Option(

@@ -63,7 +63,8 @@ def view_widget(view: View) -> gr.components.Component:
     if view.kind == "image":
         return gr.Image(label=view.label, type="numpy", height=240, render=False)
     if view.kind == "model3d":
-        return gr.Model3D(label=view.label, display_mode="point_cloud", height=360, render=False)
+        # "solid": meshes render as surfaces; a POINTS primitive still renders as points
+        return gr.Model3D(label=view.label, display_mode="solid", height=360, render=False)
     raise AssertionError(view.kind)  # pragma: no cover - a declaration typo
 
 

@@ -8,7 +8,11 @@ Pose (one file per format, every frame in it; writers from :mod:`sapiens2.export
 * ``<name>_coco17.json``: COCO keypoints, one ``images`` entry per frame (``id`` = frame
   index, ``frame_id``/``time_s``), annotations carrying ``track_id`` (as PoseTrack does);
 * ``<name>_openpose_body25.zip``: OpenPose's own layout, one ``<name>_<frame:012d>_keypoints.json``
-  per frame, ``person_id`` = [track id].
+  per frame, ``person_id`` = [track id];
+* ``<name>_openpose_coco18.zip``: the same with COCO-18 bodies and 21-point hands
+  (:mod:`sapiens2.openpose`);
+* ``<name>_openpose.webm``: the ControlNet OpenPose conditioning picture of every processed frame
+  (skeletons on black, the clip's size and output frame rate), for pose-guided video models.
 
 Raw arrays: :class:`RawArrays` collects per-frame arrays while their total stays within a cap
 (:data:`RAW_CAP_BYTES`, counted uncompressed) and writes one uncompressed ``.npz`` with the
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..export import coco17_json, jsonable, openpose_body25_json, pose_json, safe_path
+from ..openpose import draw_openpose, openpose_coco18_json
 
 RAW_CAP_BYTES = 256 * 1024 * 1024
 
@@ -142,17 +147,46 @@ def write_coco_tracks(
     return path
 
 
-def write_openpose_zip(out_dir: Path, name: str, frames: list[PoseFrame], *, threshold: float) -> Path:
-    """``<name>_openpose_body25.zip``: OpenPose's per-frame JSON files, ``person_id`` = track id."""
-    path = safe_path(out_dir, name, "_openpose_body25.zip")
+def write_openpose_zip(
+    out_dir: Path,
+    name: str,
+    frames: list[PoseFrame],
+    *,
+    threshold: float,
+    coco18_size: tuple[int, int] | None = None,
+) -> Path:
+    """``<name>_openpose_body25.zip``: OpenPose's per-frame JSON files, ``person_id`` = track id.
+    With ``coco18_size`` (width, height): ``<name>_openpose_coco18.zip``, COCO-18 bodies + hands."""
+    kind = "body25" if coco18_size is None else "coco18"
+    path = safe_path(out_dir, name, f"_openpose_{kind}.zip")
     stem = safe_path(out_dir, name, "").name
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
         for fr in frames:
-            doc = openpose_body25_json(fr.keypoints, fr.scores, threshold=threshold)
+            if coco18_size is None:
+                doc = openpose_body25_json(fr.keypoints, fr.scores, threshold=threshold)
+            else:
+                doc = openpose_coco18_json(
+                    fr.keypoints, fr.scores, image_size=coco18_size, threshold=threshold
+                )
             for person, tid in zip(doc["people"], fr.track_ids, strict=True):
                 person["person_id"] = [tid]
             z.writestr(f"{stem}_{fr.frame:012d}_keypoints.json", _dumps(doc))
     return path
+
+
+def write_openpose_video(
+    out_dir: Path, name: str, frames: list[PoseFrame], *, size: tuple[int, int], fps: float, threshold: float
+) -> Path | None:
+    """``<name>_openpose.webm``: the ControlNet conditioning picture per frame (None: no frame)."""
+    from .writer import VideoWriter
+
+    if not frames:
+        return None
+    path = safe_path(out_dir, name, "_openpose.webm")
+    with VideoWriter(path, fps) as out:
+        for fr in frames:
+            out.write(draw_openpose(fr.keypoints, fr.scores, (size[1], size[0]), threshold=threshold))
+        return out.close()
 
 
 def pose_arrays(frames: list[PoseFrame]) -> dict[str, np.ndarray]:

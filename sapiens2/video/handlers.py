@@ -32,6 +32,7 @@ from .exports import (
     pose_arrays,
     save_npz,
     write_coco_tracks,
+    write_openpose_video,
     write_openpose_zip,
     write_pose_tracks,
 )
@@ -302,7 +303,10 @@ class PoseFrames(FrameHandler):
             write_pose_tracks(out_dir, name, self.frames, size=size, fps=fps, meta=meta),
             write_coco_tracks(out_dir, name, self.frames, size=size, threshold=thr),
             write_openpose_zip(out_dir, name, self.frames, threshold=thr),
+            write_openpose_zip(out_dir, name, self.frames, threshold=thr, coco18_size=size),
         ]
+        video = write_openpose_video(out_dir, name, self.frames, size=size, fps=fps, threshold=thr)
+        paths += [video] if video else []
         arrays = {**pose_arrays(self.frames), "fps": np.float64(fps)}
         needed = sum(int(a.nbytes) for a in arrays.values())
         if needed <= self.raw.cap_bytes:
