@@ -352,7 +352,7 @@ def test_user_supplied_names_never_become_paths(tiny_checkpoints, app_module, tm
         assert folder.parent == requests and folder.name.startswith("req-")
         for p in shown.files:
             assert p.parent == folder and p.resolve().is_relative_to(requests.resolve())
-            assert re.fullmatch(r"[A-Za-z0-9_-]+_(pose|coco17|openpose_body25)\.(json|png)", p.name), p.name
+            assert re.fullmatch(r"[A-Za-z0-9_-]+_(pose|coco17|openpose_body25|openpose_coco18|openpose)\.(json|png)", p.name), p.name
     assert first.files[0].parent != second.files[0].parent  # each request has its own folder
     everything = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert sorted(everything) == sorted(first.files + second.files)  # nothing written anywhere else
