@@ -99,8 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a Sapiens2 task on images and folders; write the export files per image.",
     )
     sub = p.add_subparsers(dest="task", metavar="TASK", required=True, help="what to compute")
-    for task in registry.all_tasks().values():
-        tp = sub.add_parser(task.api_name, help=task.summary, description=task.summary)
+    shown = registry.all_tasks()
+    for task in registry.declared().values():
+        # a task without weights here (albedo off the Hub) runs with --checkpoint but is not listed
+        listed = {"help": task.summary} if task.name in shown else {}
+        tp = sub.add_parser(task.api_name, description=task.summary, **listed)
         add_common(tp)
         if task.name in video_tasks():
             add_video(tp, task)
