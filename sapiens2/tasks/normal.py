@@ -24,7 +24,8 @@ from ..zoo import get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .registry import Task, forward_seconds
-from .seg import SegLogits, SegMaskedPipeline
+from .seg import SegLogits
+from .seg_borrow import SegMaskedPipeline
 
 EPS = 1e-8
 

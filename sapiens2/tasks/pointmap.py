@@ -25,7 +25,8 @@ from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .registry import Task, View, forward_seconds
-from .seg import SegLogits, SegMaskedPipeline
+from .seg import SegLogits
+from .seg_borrow import SegMaskedPipeline
 
 
 @dataclass(kw_only=True)
