@@ -105,6 +105,8 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec("normal", _SIZES4, "pixel_shuffle", "1b", "0.4b", "conv_normal", "NormalOutput"),
         TaskSpec("pointmap", _SIZES4, "pointmap", "1b", "0.4b", "conv_pointmap", "PointmapOutput"),
         TaskSpec("matting", ("1b",), "pixel_shuffle", "1b", "1b", "conv_matting", "MattingOutput"),
+        # the release ships albedo; its weights are not on the Hub yet (local checkpoints only)
+        TaskSpec("albedo", _SIZES4, "pixel_shuffle", "1b", "0.4b", "conv_albedo", on_hub=False),
         TaskSpec(
             "pretrain",
             ("0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"),
