@@ -27,7 +27,7 @@ from ..options import Option
 from ..zoo import get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, forward_seconds
+from .registry import Task, Video, forward_seconds
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline
 
@@ -166,4 +166,5 @@ TASK = Task(
     ),
     borrows=("seg",),
     needs=_needs,
+    video=Video(raw_fields={"albedo": np.float16, "mask": None}),
 )

@@ -22,7 +22,7 @@ from ..render import CHROMA_GREEN
 from ..zoo import get_task
 from .base import Pipeline, TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, forward_seconds
+from .registry import Task, Video, forward_seconds
 
 
 @dataclass(kw_only=True)
@@ -159,4 +159,5 @@ TASK = Task(
     ),
     render_args=_render_args,
     cli_aliases={"background_color": ("--background",)},
+    video=Video(raw_fields={"alpha": np.float16}),
 )

@@ -24,7 +24,7 @@ from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, View, forward_seconds
+from .registry import Task, Video, View, forward_seconds
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline
 
@@ -239,4 +239,5 @@ TASK = Task(
     borrows=("seg",),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
+    video=Video(handler="depth", raw_fields={"depth": np.float32, "mask": None}),
 )

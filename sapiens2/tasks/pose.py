@@ -33,7 +33,7 @@ from ..options import Option
 from ..zoo import get_task
 from .base import Pipeline, RunInfo, TaskResult
 from .pose_codec import decode_checked, decode_heatmaps, flip_back, heatmap_to_crop, merge_flip
-from .registry import Switch, Task, View, forward_seconds
+from .registry import Switch, Task, Video, View, forward_seconds
 
 if TYPE_CHECKING:
     from ..detect import Detections
@@ -429,4 +429,5 @@ TASK = Task(
     cli_switches=(
         Switch("--no-detector", "skip person detection: the whole image is one person", {"detector": None}),
     ),
+    video=Video(handler="pose", render_overrides={"show_boxes": False, "show_ids": True}, detect=True),
 )

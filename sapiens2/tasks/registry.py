@@ -63,6 +63,24 @@ class Compare:
     score: Callable[[Any, Any], float]
 
 
+@dataclass(frozen=True)
+class Video:
+    """A task that runs on clips (``sapiens2.video``): how its frames are handled.
+
+    ``handler``: the frame handler kind in ``sapiens2.video.handlers`` ("frames": each frame
+    rendered as its photo result; "depth": rendered at the end with the clip's depth bounds;
+    "pose": detector, tracker and smoothing). ``raw_fields``: result attribute -> dtype it is kept
+    in for the clip's per-frame NPZ (None: as it is); a task with none writes no NPZ.
+    ``render_overrides``: video render options that differ from, or add to, the defaults of the
+    task's render options (pose: no boxes but track ids, since tracks are labelled instead).
+    ``detect``: the frames need person boxes (the detector every K frames, tracking between)."""
+
+    handler: Literal["frames", "depth", "pose"] = "frames"
+    raw_fields: Mapping[str, Any] = field(default_factory=dict)
+    render_overrides: Mapping[str, Any] = field(default_factory=dict)
+    detect: bool = False
+
+
 def no_borrowed(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
@@ -99,6 +117,7 @@ class Task:
     #: rendering options -> keyword arguments of the result's render() and save()
     render_args: Callable[[Mapping[str, Any]], dict[str, Any]] = same_options
     compare: Compare | None = None
+    video: Video | None = None  # None: photos only
     #: extra command-line spellings of options (option name -> flags), and pipeline switches
     cli_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     cli_switches: tuple[Switch, ...] = ()
@@ -121,6 +140,11 @@ class Task:
 
     def defaults(self, gpu: bool = False) -> dict[str, Any]:
         return {o.name: o.default_for(gpu) for o in self.options}
+
+    def video_render_defaults(self) -> dict[str, Any]:
+        """Render options of a clip: the render options' defaults, then the video overrides."""
+        overrides = self.video.render_overrides if self.video else {}
+        return {o.name: o.default for o in self.options if o.stage == "render"} | dict(overrides)
 
 
 def forward_seconds(size: str, images: int = 1) -> float:
@@ -232,6 +256,7 @@ __all__ = [
     "Compare",
     "Switch",
     "Task",
+    "Video",
     "View",
     "all_tasks",
     "builtin_modules",

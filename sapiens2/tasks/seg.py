@@ -26,7 +26,7 @@ from ..render import blend_segmentation, class_shares, colorize_labels, segmenta
 from ..zoo import get_task
 from .base import Pipeline, TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result
-from .registry import Task, View, forward_seconds
+from .registry import Task, Video, View, forward_seconds
 
 # finite stand-ins for non-finite logits: a NaN class must never win the argmax
 _NEG_FILL, _POS_FILL = -1e30, 1e30
@@ -321,4 +321,5 @@ TASK = Task(
         ),
     ),
     views=(View("image", "Classes found", lambda result, files: result.legend()),),
+    video=Video(raw_fields={"labels": None}),
 )
