@@ -60,7 +60,7 @@ def build_demo(
         concurrency = 4 if ZERO_GPU else 1
     tasks = registry.all_tasks()
     with gr.Blocks(
-        title="Sapiens2: human pose, parts, normals, 3D, matting", delete_cache=DELETE_CACHE
+        title="Sapiens2: " + ", ".join(t.tab for t in tasks.values()), delete_cache=DELETE_CACHE
     ) as demo:
         gr.Markdown(
             "# Sapiens2: human vision in one place\n"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from tiny_checkpoints import RefAlbedoHead, tiny_albedo_head, zoo_shapes
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,79 +33,13 @@ from sapiens2.zoo import TASKS  # noqa: E402
 
 NET_H, NET_W = 1024, 768
 
-# ----------------------------------------------------------------------------- the reference head
-
-
-class RefRMSNorm2d(nn.Module):
-    """The spec's RMSNorm2d: ``nn.RMSNorm`` over channels, eps 1e-6, with a weight (written out)."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + 1e-6)
-        return x * rms * self.weight.view(1, -1, 1, 1)
-
-
-class RefAlbedoHead(nn.Module):
-    """The normal head with RMSNorm2d where normal has InstanceNorm; the release's attribute names
-    and Sequential indices: input_conv.{0,1}, upsample_blocks.k.{0,2}, conv_layers.{0,1,3,4,6,7},
-    conv_albedo."""
-
-    def __init__(self, in_ch: int, upsample: tuple[int, ...], conv: tuple[int, ...] = (64, 32, 16)) -> None:
-        super().__init__()
-        self.input_conv = nn.Sequential(nn.Conv2d(in_ch, in_ch, 3, padding=1), RefRMSNorm2d(in_ch), nn.SiLU())
-        blocks, ch = [], in_ch
-        for out in upsample:
-            blocks.append(
-                nn.Sequential(
-                    nn.Conv2d(ch, 4 * out, 3, padding=1), nn.PixelShuffle(2), RefRMSNorm2d(out), nn.SiLU()
-                )
-            )
-            ch = out
-        self.upsample_blocks = nn.ModuleList(blocks)
-        layers: list[nn.Module] = []
-        for out in conv:
-            layers += [nn.Conv2d(ch, out, 3, padding=1), RefRMSNorm2d(out), nn.SiLU()]
-            ch = out
-        self.conv_layers = nn.Sequential(*layers)
-        self.conv_albedo = nn.Conv2d(ch, 3, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.input_conv(x)
-        for block in self.upsample_blocks:
-            x = block(x)
-        return self.conv_albedo(self.conv_layers(x))
-
-
-def random_head(in_ch: int, upsample: tuple[int, ...], conv: tuple[int, ...], seed: int) -> RefAlbedoHead:
-    torch.manual_seed(seed)
-    head = RefAlbedoHead(in_ch, upsample, conv)
-    with torch.no_grad():  # norm weights away from 1, biases away from 0: a mix-up shows
-        for name, p in head.named_parameters():
-            if p.ndim == 1 and "conv" not in name.rsplit(".", 2)[-2]:
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape))
-    return head.eval()
-
 
 @pytest.fixture(scope="module")
-def albedo_checkpoint(tiny_checkpoints, tmp_path_factory) -> tuple[Path, RefAlbedoHead]:
-    """A tiny albedo checkpoint in the release's key names: the tiny normal backbone plus the
-    reference head's random weights under ``decode_head.``."""
-    backbone = {
-        k: v
-        for k, v in load_file(tiny_checkpoints["normal"] / "model.safetensors").items()
-        if not k.startswith("decode_head.")
-    }
-    in_ch = backbone["backbone.cls_token"].shape[-1]
-    head = random_head(in_ch, (16, 8, 4, 4), (4, 4, 4), seed=7)
-    tensors = {**backbone, **{f"decode_head.{k}": v.contiguous() for k, v in head.state_dict().items()}}
-    path = tmp_path_factory.mktemp("albedo") / "sapiens2_tiny_albedo.safetensors"
-    save_file(tensors, str(path))
-    return path, head
+def albedo_checkpoint(tiny_checkpoints) -> tuple[Path, RefAlbedoHead]:
+    """The tiny albedo checkpoint (the tiny normal backbone plus the reference head's random
+    weights under ``decode_head.``, release key names) and that reference head."""
+    seed = list(tiny_checkpoints).index("albedo")  # conftest seeds each task by its place
+    return tiny_checkpoints["albedo"] / "model.safetensors", tiny_albedo_head(seed)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -135,8 +69,6 @@ def test_the_head_equals_the_reference_on_tiny_random_weights(albedo_checkpoint)
     [("0.4b", (768, 512, 256, 128)), ("1b", (768, 512, 256, 128)), ("5b", (1536, 768, 512, 256))],
 )
 def test_release_shapes_read_as_albedo_with_the_spec_widths(size, upsample) -> None:
-    from tiny_checkpoints import zoo_shapes
-
     shapes = {k: v for k, v in zoo_shapes("normal", size).items() if not k.startswith("decode_head.")}
     hidden = shapes["backbone.cls_token"][-1]
     with torch.device("meta"):

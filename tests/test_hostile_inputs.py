@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))  # app.py lives at the top level
 from sapiens2 import serving  # noqa: E402
 from sapiens2.errors import InputImageError, OptionError  # noqa: E402
 from sapiens2.imaging import load_image  # noqa: E402
-from sapiens2.tasks import pipeline  # noqa: E402
+from sapiens2.tasks import pipeline, registry  # noqa: E402
 
 SMALL = (256, 192)  # quarter of the native input: tiny models stay fast (pointmap keeps its own)
-TASKS = ("pose", "seg", "normal", "pointmap", "matting", "pretrain")
+TASKS = tuple(registry.declared())  # every task, shown on the Space or not (albedo)
 
 
 # ----------------------------------------------------------------------------- the corpus
