@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from ..imaging import Intake, crop_padding, resize_to
+from ..imaging import Intake
+from ..network_input import crop_padding, resize_to
 from ..options import Option
 from ..zoo import get_task
 from .base import TaskResult

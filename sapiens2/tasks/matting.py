@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from ..errors import InputImageError
-from ..imaging import Intake, load_image, resize_to, stretch_antialiased
+from ..imaging import Intake, load_image
+from ..network_input import resize_to, stretch_antialiased
 from ..options import Option
 from ..render import CHROMA_GREEN
 from ..zoo import get_task

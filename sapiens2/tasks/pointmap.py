@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..imaging import Intake, PadInfo, crop_padding, resize_to
+from ..imaging import Intake
+from ..network_input import PadInfo, crop_padding, resize_to
 from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult

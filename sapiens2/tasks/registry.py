@@ -30,7 +30,7 @@ from ..zoo import ARCHS, TaskSpec
 from ..zoo import TASKS as ZOO
 
 #: Modules of this package that hold machinery, not a task (skipped by :func:`builtin_modules`).
-_NOT_TASKS = frozenset({"base", "dense", "registry", "pose_codec", "seg_borrow"})
+_NOT_TASKS = frozenset({"base", "dense", "registry", "pose_codec", "pose_crops", "seg_borrow"})
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from ..imaging import Intake, stretch_release
+from ..imaging import Intake
 from ..metadata import SEG_CLASS_NAMES, seg_class_ids
+from ..network_input import stretch_release
 from ..options import Option
 from ..render import blend_segmentation, class_shares, colorize_labels, segmentation_legend
 from ..zoo import get_task

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import CheckpointError, OptionError, WeightsUnavailableError
-from ..imaging import Intake, letterbox_release, stretch_release
+from ..imaging import Intake
+from ..network_input import letterbox_release, stretch_release
 from ..zoo import get_task
 from .base import Pipeline
 from .dense import DensePrep
