@@ -83,7 +83,7 @@ def add_video(parser: argparse.ArgumentParser, task: registry.Task) -> None:
         help=f"error if more than N frames would be processed (default {top})",
     )  # fmt: skip
     group.add_argument("--batch", type=int, default=8, metavar="N", help="frames per forward (default 8)")
-    if task.name == "pose":
+    if task.video is not None and task.video.detect:  # detector + tracker flags
         group.add_argument(
             "--detect-every", type=int, default=5, metavar="K",
             help="run the person detector on every K-th processed frame, track in between (default 5)",

@@ -29,7 +29,8 @@ from ..errors import OptionError
 from ..zoo import ARCHS, TaskSpec
 from ..zoo import TASKS as ZOO
 
-#: Modules of this package that hold machinery, not a task (skipped by :func:`builtin_modules`).
+#: Modules of this package known to hold machinery, not a task (not even imported by the scan; any
+#: other module without a ``TASK`` is skipped too).
 _NOT_TASKS = frozenset({"base", "dense", "registry", "pose_codec", "pose_crops", "seg_borrow"})
 
 
@@ -192,7 +193,8 @@ def _load_builtin() -> None:
     with _lock:
         if _loaded:
             return
-        found = [importlib.import_module(f"{__package__}.{m}").TASK for m in builtin_modules()]
+        modules = [importlib.import_module(f"{__package__}.{m}") for m in builtin_modules()]
+        found = [m.TASK for m in modules if isinstance(getattr(m, "TASK", None), Task)]
         order = list(ZOO)  # tab order = the zoo's row order; rows a module adds itself go last
         found.sort(key=lambda t: order.index(t.name) if t.name in order else len(order))
         for task in found:
