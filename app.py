@@ -142,7 +142,8 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
     try:
         checkpoints = {**serving.checkpoints_from_env(), **serving.parse_checkpoint_specs(args.checkpoint)}
         # the page shows a task whose weights are not on the Hub (albedo) only with a checkpoint
-        os.environ[registry.TASK_CHECKPOINTS_ENV] = ",".join(f"{t}={p}" for t, p in checkpoints.items())
+        if checkpoints:
+            os.environ[registry.TASK_CHECKPOINTS_ENV] = ",".join(f"{t}={p}" for t, p in checkpoints.items())
         if args.size:
             sizes = {s for t in registry.all_tasks().values() for s in t.spec.sizes}
             if args.size not in sizes:
