@@ -60,7 +60,7 @@ def build_demo(
         concurrency = 4 if ZERO_GPU else 1
     tasks = registry.all_tasks()
     with gr.Blocks(
-        title="Sapiens2: human pose, parts, normals, 3D, matting", delete_cache=DELETE_CACHE
+        title="Sapiens2: " + ", ".join(t.tab for t in tasks.values()), delete_cache=DELETE_CACHE
     ) as demo:
         gr.Markdown(
             "# Sapiens2: human vision in one place\n"
@@ -141,6 +141,9 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
     """The model cache the command line asks for (exits with a message on a bad option)."""
     try:
         checkpoints = {**serving.checkpoints_from_env(), **serving.parse_checkpoint_specs(args.checkpoint)}
+        # the page shows a task whose weights are not on the Hub (albedo) only with a checkpoint
+        if checkpoints:
+            os.environ[registry.TASK_CHECKPOINTS_ENV] = ",".join(f"{t}={p}" for t, p in checkpoints.items())
         if args.size:
             sizes = {s for t in registry.all_tasks().values() for s in t.spec.sizes}
             if args.size not in sizes:

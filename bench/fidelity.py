@@ -28,14 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from sapiens2.imaging import (  # noqa: E402
-    letterbox,
-    letterbox_release,
-    load_image,
-    network_batch,
-    stretch_release,
-    stretch_to,
-)
+from before_input import letterbox, stretch_to  # noqa: E402
+
+from sapiens2.imaging import load_image  # noqa: E402
+from sapiens2.network_input import letterbox_release, network_batch, stretch_release  # noqa: E402
 from sapiens2.zoo import IMAGE_MEAN, IMAGE_STD  # noqa: E402
 
 MEAN, STD = np.array(IMAGE_MEAN) * 255, np.array(IMAGE_STD) * 255

@@ -31,12 +31,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from before_input import stretch_to  # noqa: E402
 from test_fidelity_pose import grey, people, release_crop  # noqa: E402
 from tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
 
-from sapiens2.imaging import crop_people, load_image, stretch_to  # noqa: E402
+from sapiens2.imaging import load_image  # noqa: E402
 from sapiens2.tasks.features import FeaturesPipeline, FeaturesRaw  # noqa: E402
 from sapiens2.tasks.pose import PosePipeline  # noqa: E402
+from sapiens2.tasks.pose_crops import crop_people  # noqa: E402
 
 PHOTOS = sorted(p for p in (ROOT / "assets").iterdir() if p.suffix in (".jpg", ".png"))
 

@@ -21,19 +21,14 @@ from .zoo import TASKS, get_task
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module that defines it; every task's pipeline class (``sapiens2.PosePipeline``
+# ...) is found through the task registry instead (:func:`_pipeline_classes`)
 _LAZY = {
     "load_model": ".loading",
     "describe_checkpoint": ".loading",
     "load_image": ".imaging",
     "PersonDetector": ".detect",
     "detect_people": ".detect",
-    "PosePipeline": ".tasks.pose",
-    "SegPipeline": ".tasks.seg",
-    "NormalPipeline": ".tasks.normal",
-    "PointmapPipeline": ".tasks.pointmap",
-    "MattingPipeline": ".tasks.matting",
-    "FeaturesPipeline": ".tasks.features",
     "pipeline": ".tasks",
 }
 # short module aliases, e.g. ``sapiens2.pose.decode_heatmaps``
@@ -53,9 +48,22 @@ __all__ = [
 ]
 
 
+def _pipeline_classes() -> dict[str, type]:
+    """Class name -> pipeline class of every declared task (imports the task modules)."""
+    from .tasks import registry
+
+    return {task.pipeline.__name__: task.pipeline for task in registry.declared().values()}
+
+
 def __getattr__(name: str) -> Any:
     if name in _MODULES:
         return importlib.import_module(_MODULES[name], __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    if name.endswith("Pipeline") and name in (classes := _pipeline_classes()):
+        return classes[name]
     raise AttributeError(f"module 'sapiens2' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_pipeline_classes()})

@@ -86,7 +86,7 @@ def add_video(parser: argparse.ArgumentParser, task: registry.Task) -> None:
         help=f"error if more than N frames would be processed (default {top})",
     )  # fmt: skip
     group.add_argument("--batch", type=int, default=8, metavar="N", help="frames per forward (default 8)")
-    if task.name == "pose":
+    if task.video is not None and task.video.detect:  # detector + tracker flags
         group.add_argument(
             "--detect-every", type=int, default=5, metavar="K",
             help="run the person detector on every K-th processed frame, track in between (default 5)",
@@ -107,8 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a Sapiens2 task on images and folders; write the export files per image.",
     )
     sub = p.add_subparsers(dest="task", metavar="TASK", required=True, help="what to compute")
-    for task in registry.all_tasks().values():
-        tp = sub.add_parser(task.api_name, help=task.summary, description=task.summary)
+    shown = registry.all_tasks()
+    for task in registry.declared().values():
+        # a task without weights here (albedo off the Hub) runs with --checkpoint but is not listed
+        listed = {"help": task.summary} if task.name in shown else {}
+        tp = sub.add_parser(task.api_name, description=task.summary, **listed)
         add_common(tp)
         if task.name in video_tasks():
             add_video(tp, task)

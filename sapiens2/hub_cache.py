@@ -26,7 +26,8 @@ _REPO = re.compile(r"^facebook/sapiens2-(?P<task>[a-z]+)-(?P<size>\d.*)$")
 
 def default_repos() -> frozenset[str]:
     """Repo ids of the checkpoints the app loads by default on a GPU, plus the person detector."""
-    return frozenset({spec.repo_id(spec.default_size_gpu) for spec in TASKS.values()} | {DETECTOR.repo_id})
+    repos = {spec.repo_id(spec.default_size_gpu) for spec in TASKS.values() if spec.on_hub}
+    return frozenset(repos | {DETECTOR.repo_id})
 
 
 def preload_from_hub() -> list[str]:
@@ -34,6 +35,7 @@ def preload_from_hub() -> list[str]:
     lines = [
         f"{spec.repo_id(spec.default_size_gpu)} {spec.filename(spec.default_size_gpu)}"
         for spec in TASKS.values()
+        if spec.on_hub  # a task with local weights only (albedo) adds nothing to the Space's preload
     ]
     return [*lines, f"{DETECTOR.repo_id} {DETECTOR.filename},config.json"]  # the detector reads its config
 

@@ -19,10 +19,10 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from .errors import CheckpointError, DeviceError, OptionError
+from .errors import CheckpointError, DeviceError, OptionError, WeightsUnavailableError
 from .nn.backbone import fuse_qkv_in_state
 from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
-from .weights import _pick_in_folder, find_weights, read_header
+from .weights import ENV_VAR, _pick_in_folder, find_weights, local_root, read_header
 from .zerogpu import cuda_emulation
 from .zoo import get_task
 
@@ -133,6 +133,13 @@ def resolve_checkpoint(
         raise OptionError(f"Give a size ({', '.join(spec.sizes)}) or a checkpoint for {task}.")
     if size is None:  # explicit checkpoint, any size: the names below are only used to pick in a folder
         return find_weights(f"facebook/sapiens2-{spec.name}", (), spec.name, checkpoint)
+    if not spec.on_hub and checkpoint is None:
+        root = local_root()
+        if root is None or not (root / spec.local_path(size)).is_file():
+            raise WeightsUnavailableError(
+                f"The {spec.name} weights are not on the Hugging Face Hub: pass a checkpoint "
+                f"(--checkpoint {spec.name}=PATH) or put it at ${ENV_VAR}/{spec.local_path(size)}."
+            )
     return find_weights(spec.repo_id(size), (spec.filename(size),), spec.local_path(size), checkpoint)
 
 

@@ -1,5 +1,9 @@
 """The model zoo: backbone sizes and, per task, which checkpoints exist and where they live.
 
+The rows of :data:`TASKS` are in tab order; each names its head kind, the head's predictor key
+(which tells a checkpoint's task) and the typed output the model returns, so the model layer
+needs no per-task branch.
+
 Loading, the pipelines and the task declarations (``sapiens2.tasks.registry``) read this file;
 facts come from the Sapiens2 release and its Hub model cards. A task registered later adds its
 own row (``registry.register``).
@@ -56,6 +60,12 @@ class TaskSpec:
     head: str | None  # head kind in sapiens2.nn.heads, None for the bare backbone
     default_size_gpu: str
     default_size_cpu: str
+    #: key name of the head's final conv ("conv_pose"): it says which task a checkpoint is for
+    predictor: str | None = None
+    #: the typed output ``model(pixels)`` returns, a class name in sapiens2.nn.outputs
+    output: str = "DenseOutput"
+    #: the Hub holds its weights; when False the task shows only where a local checkpoint is found
+    on_hub: bool = True
 
     def repo_id(self, size: str) -> str:
         self.check_size(size)
@@ -90,12 +100,21 @@ _SIZES4 = ("0.4b", "0.8b", "1b", "5b")
 TASKS: dict[str, TaskSpec] = {
     t.name: t
     for t in (
-        TaskSpec("pose", _SIZES4, "deconv", "1b", "0.4b"),
-        TaskSpec("seg", _SIZES4, "deconv", "1b", "0.4b"),
-        TaskSpec("normal", _SIZES4, "pixel_shuffle", "1b", "0.4b"),
-        TaskSpec("pointmap", _SIZES4, "pointmap", "1b", "0.4b"),
-        TaskSpec("matting", ("1b",), "pixel_shuffle", "1b", "1b"),
-        TaskSpec("pretrain", ("0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"), None, "0.1b", "0.1b"),
+        TaskSpec("pose", _SIZES4, "deconv", "1b", "0.4b", "conv_pose", "PoseOutput"),
+        TaskSpec("seg", _SIZES4, "deconv", "1b", "0.4b", "conv_seg", "SegOutput"),
+        TaskSpec("normal", _SIZES4, "pixel_shuffle", "1b", "0.4b", "conv_normal", "NormalOutput"),
+        TaskSpec("pointmap", _SIZES4, "pointmap", "1b", "0.4b", "conv_pointmap", "PointmapOutput"),
+        TaskSpec("matting", ("1b",), "pixel_shuffle", "1b", "1b", "conv_matting", "MattingOutput"),
+        # the release ships albedo; its weights are not on the Hub yet (local checkpoints only)
+        TaskSpec("albedo", _SIZES4, "pixel_shuffle", "1b", "0.4b", "conv_albedo", on_hub=False),
+        TaskSpec(
+            "pretrain",
+            ("0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"),
+            None,
+            "0.1b",
+            "0.1b",
+            output="FeaturesOutput",
+        ),
     )
 }
 

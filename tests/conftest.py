@@ -13,7 +13,7 @@ for _p in (_TESTS, _TESTS.parent):  # `import tiny_checkpoints` and `import sapi
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from tiny_checkpoints import TASK_NAMES, make_tiny_checkpoint  # noqa: E402
+from tiny_checkpoints import all_task_names, make_tiny_checkpoint  # noqa: E402
 
 # Tiny models are dominated by small element-wise ops; on a shared or small CPU extra threads
 # mostly wait on each other (measured here: one 200k-element multiply 80x slower with 2 threads
@@ -23,6 +23,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """task -> folder holding a tiny transformers-written checkpoint (model.safetensors + config.json)."""
+    """task -> folder holding a tiny checkpoint (model.safetensors; + config.json where transformers
+    wrote it), for every zoo task."""
     root = tmp_path_factory.mktemp("tiny_checkpoints")
-    return {task: make_tiny_checkpoint(task, root / task, seed=i) for i, task in enumerate(TASK_NAMES)}
+    return {task: make_tiny_checkpoint(task, root / task, seed=i) for i, task in enumerate(all_task_names())}

@@ -23,7 +23,8 @@ from sapiens2.tasks.features import FeaturesPipeline, FeaturesResult, cosine_sim
 from sapiens2.tasks.matting import MattingPipeline
 from sapiens2.tasks.normal import NormalPipeline
 from sapiens2.tasks.pointmap import PointmapPipeline
-from sapiens2.tasks.seg import SegPipeline, resize_argmax
+from sapiens2.tasks.seg import SegLogits, SegPipeline
+from sapiens2.tasks.seg_borrow import LazySeg
 
 H, W = 45, 61  # odd, non-square: letterbox padding and rounding are exercised
 # Tiny models run at a quarter of the native input to keep CPU tests fast; the pointmap keeps
@@ -126,14 +127,14 @@ def read_png(path) -> np.ndarray:
 
 
 @pytest.mark.parametrize("out_hw", [(50, 37), (13, 9), (24, 18), (97, 5)])
-def test_resize_argmax_equals_interpolate_then_argmax(out_hw, monkeypatch):
+def test_compact_logits_argmax_equals_interpolate_then_argmax(out_hw, monkeypatch):
     monkeypatch.setattr(seg_module, "_CHUNK", {"cpu": 64, "cuda": 64})  # several chunks even on small images
     gen = torch.Generator().manual_seed(0)
     noisy = torch.randn(29, 24, 18, generator=gen)  # nearly every pixel on a class boundary
     smooth = F.interpolate(torch.randn(1, 29, 4, 3, generator=gen), size=(24, 18), mode="bilinear")[0]
     for logits in (noisy, smooth):
         full = F.interpolate(logits[None], size=out_hw, mode="bilinear", align_corners=False)[0].argmax(0)
-        ours = resize_argmax(logits, out_hw)
+        ours = SegLogits.from_logits(logits).labels(out_hw)
         assert ours.dtype == torch.uint8 and ours.shape == out_hw
         assert torch.equal(ours.long(), full)
 
@@ -254,14 +255,14 @@ def test_seg_factory_is_asked_on_every_use_and_never_kept():
     first, second = small(SegPipeline(model=Fake(halves_seg))), small(SegPipeline(model=Fake(halves_seg)))
     handed = iter([first, second])
     pipe = small(NormalPipeline(model=Fake(lambda x: NormalOutput(normals=torch.ones(1, 3, *x.shape[2:])))))
-    pipe.seg = seg_module.LazySeg(lambda: next(handed), pipe)
+    pipe.seg = LazySeg(lambda: next(handed), pipe)
     assert pipe.seg.get() is first
     assert pipe.seg.get() is second
     assert pipe.seg._pipe is None  # nothing memoised from the factory
     given = SegPipeline(model=Fake(halves_seg))
-    assert seg_module.LazySeg(given, pipe).get() is given
+    assert LazySeg(given, pipe).get() is given
     with pytest.raises(OptionError, match="seg factory must return a SegPipeline; got str"):
-        seg_module.LazySeg(lambda: "seg", pipe).get()
+        LazySeg(lambda: "seg", pipe).get()
 
 
 def test_normal_seg_unavailable_keeps_pixels_and_retries():

@@ -28,6 +28,8 @@ from tiny_checkpoints import place_hf_cache, place_release_layout
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import one_request  # noqa: E402
+
 import sapiens2.loading  # noqa: E402
 import sapiens2.weights  # noqa: E402
 from sapiens2 import serving  # noqa: E402
@@ -109,7 +111,7 @@ def test_concurrent_first_requests_load_the_model_once(tiny_checkpoints, monkeyp
     def request() -> None:
         start.wait()
         try:
-            results.append(serving.infer(manager, "seg", photo()))
+            results.append(one_request.infer(manager, "seg", photo()))
         except BaseException as err:  # pragma: no cover - reported below
             errors.append(err)
 
@@ -132,7 +134,7 @@ def test_a_failed_load_is_not_cached_even_under_concurrency(tiny_checkpoints, tm
 
     def request() -> None:
         try:
-            serving.infer(manager, "seg", photo())
+            one_request.infer(manager, "seg", photo())
         except CheckpointError as err:
             errors.append(err)
 
@@ -145,7 +147,7 @@ def test_a_failed_load_is_not_cached_even_under_concurrency(tiny_checkpoints, tm
     assert len(errors) == 3 and manager.failures == 3 and manager.loaded() == []
     assert all("is not a valid safetensors file" in str(e) for e in errors)
     shutil.copyfile(good, ckpt)  # the cause is gone
-    assert serving.infer(manager, "seg", photo()).labels.shape == (40, 30)
+    assert one_request.infer(manager, "seg", photo()).labels.shape == (40, 30)
     assert manager.loads == 1
 
 
@@ -198,7 +200,7 @@ def test_hub_timeout_is_a_clear_error_and_the_next_request_succeeds(
     HUB_CALLS.clear()
     t0 = time.perf_counter()
     with pytest.raises(WeightsUnavailableError) as err:
-        serving.infer(manager, "matting", photo())
+        one_request.infer(manager, "matting", photo())
     # the network is asked once; the other file name is only looked up in the cache (no 2nd timeout)
     assert [c.get("local_files_only") for c in HUB_CALLS] == [False, True]
     assert time.perf_counter() - t0 < 2.0
@@ -212,7 +214,7 @@ def test_hub_timeout_is_a_clear_error_and_the_next_request_succeeds(
     fetched = tmp_path / "sapiens2_1b_matting.safetensors"
     shutil.copyfile(tiny_checkpoints["matting"] / "model.safetensors", fetched)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: str(fetched))
-    assert serving.infer(manager, "matting", photo()).alpha.shape == (40, 30)
+    assert one_request.infer(manager, "matting", photo()).alpha.shape == (40, 30)
 
 
 @pytest.mark.parametrize(
@@ -289,7 +291,7 @@ def test_out_of_memory_on_a_large_size_advises_trims_and_recovers(
     assert shown.after.shape == (40, 30, 3) and ("seg", "0.4b") in manager.loaded()
     # the same through the package API
     with pytest.raises(serving.OutOfMemoryError, match=r"smaller size \(0\.4b, 0\.8b, 1b\)"):
-        serving.infer(manager, "pose", photo(), "5b")
+        one_request.infer(manager, "pose", photo(), "5b")
 
 
 def test_out_of_memory_in_all_tasks_skips_that_task_and_trims(tiny_checkpoints, app_module, tmp_path) -> None:

@@ -258,7 +258,7 @@ def test_seg_logits_compact_form_is_exact_and_small() -> None:
 def test_bf16_keeps_the_output_resolution(tiny_checkpoints, task: str, name: str, channel: int) -> None:
     """bf16 backbone, fp32 last projection: distinct values at network resolution stay >= 25% of
     fp32's (an all-bf16 model kept ~0.4%: 3449 of 782,619 here), and the values stay close."""
-    from sapiens2.imaging import letterbox_release, network_batch
+    from sapiens2.network_input import letterbox_release, network_batch
 
     x8, _ = letterbox_release(photo(600, 471))
     outs = {}

@@ -19,11 +19,12 @@ import pytest
 import torch
 
 from sapiens2.detect import detect_people
-from sapiens2.imaging import crop_people, load_image
+from sapiens2.imaging import load_image
 from sapiens2.metadata import FLIP_INDEX, NUM_KEYPOINTS
 from sapiens2.tasks.features import FeaturesPipeline
 from sapiens2.tasks.pose import TASK, PosePipeline, PosePrep, PoseRaw
 from sapiens2.tasks.pose_codec import decode_heatmaps
+from sapiens2.tasks.pose_crops import crop_people
 from sapiens2.zoo import IMAGE_MEAN, IMAGE_STD
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"

@@ -32,13 +32,15 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # app.py lives at the top level
 
+import one_request  # noqa: E402
+
 from sapiens2 import serving  # noqa: E402
 from sapiens2.errors import InputImageError, OptionError  # noqa: E402
 from sapiens2.imaging import load_image  # noqa: E402
-from sapiens2.tasks import pipeline  # noqa: E402
+from sapiens2.tasks import pipeline, registry  # noqa: E402
 
 SMALL = (256, 192)  # quarter of the native input: tiny models stay fast (pointmap keeps its own)
-TASKS = ("pose", "seg", "normal", "pointmap", "matting", "pretrain")
+TASKS = tuple(registry.declared())  # every task, shown on the Space or not (albedo)
 
 
 # ----------------------------------------------------------------------------- the corpus
@@ -306,9 +308,9 @@ def manager(tiny_checkpoints) -> serving.ModelManager:
 
 def run(manager: serving.ModelManager, task: str, image: Any, out: Path, **options: Any) -> serving.Presented:
     """What the app does per request, minus Gradio."""
-    infer_opts, render_opts = serving.split_options(task, options)
+    infer_opts, render_opts = one_request.split_options(task, options)
     intake = serving.read_photo(image)
-    result = serving.infer(manager, task, intake, None, **infer_opts)
+    result = one_request.infer(manager, task, intake, None, **infer_opts)
     return serving.present(result, out, **render_opts)
 
 
@@ -365,17 +367,17 @@ def test_odd_modes_run_through_a_task(manager, name: str, tmp_path: Path) -> Non
 
 def test_exif_rotated_photo_gives_results_aligned_with_the_upright_one(manager, tmp_path: Path) -> None:
     upright = person_like(64, 40, seed=4)
-    seg_up = serving.infer(manager, "seg", upright)
-    pose_up = serving.infer(manager, "pose", upright)
+    seg_up = one_request.infer(manager, "seg", upright)
+    pose_up = one_request.infer(manager, "pose", upright)
     for orientation in (3, 6, 8):
         rotated = exif_copy(upright, orientation)
-        seg = serving.infer(manager, "seg", rotated)
-        pose = serving.infer(manager, "pose", rotated)
+        seg = one_request.infer(manager, "seg", rotated)
+        pose = one_request.infer(manager, "pose", rotated)
         assert seg.image.shape == upright.shape and np.array_equal(seg.labels, seg_up.labels)
         assert np.allclose(pose.keypoints, pose_up.keypoints, atol=1e-3)
         assert np.allclose(pose.boxes, [[0, 0, 39, 63]])  # the whole upright picture, [0, 0, w-1, h-1]
     # ...and the orientation really matters: the stored pixels as they are give another answer
-    raw = serving.infer(manager, "pose", STORED_FOR[6](upright).copy())
+    raw = one_request.infer(manager, "pose", STORED_FOR[6](upright).copy())
     assert raw.image.shape != upright.shape
 
 
@@ -430,13 +432,13 @@ def test_nan_and_inf_in_model_output_never_reach_pictures_or_files(tiny_checkpoi
     check_exports(shown, (40, 30), tmp_path)
     assert any("NaN" in n or "non-finite" in n for n in shown.notices), shown.notices
     if task == "pose":  # every other rendering option draws too
-        result = serving.infer(sick, "pose", img)
+        result = one_request.infer(sick, "pose", img)
         for kw in ({"threshold": 0.0}, {"body_only": True, "show_boxes": True}):
             assert result.render(**kw).shape == (40, 30, 3)
     if task == "pretrain":
         from sapiens2.tasks.features import cosine_similarity
 
-        res = serving.infer(sick, "pretrain", img)
+        res = one_request.infer(sick, "pretrain", img)
         with pytest.raises(OptionError, match="NaN"):
             cosine_similarity(res, res)
 
@@ -477,22 +479,22 @@ def test_matting_background_of_another_size_and_mode(manager, background, tmp_pa
         (lambda: pipeline("pose", "0.1b"), r"choose one of: 0\.4b, 0\.8b, 1b, 5b"),
         (lambda: pipeline("depth"), r"Unknown task 'depth'; choose one of: pose, seg"),
         (
-            lambda: serving.split_options("pose", {"threshold": 1.5}),
+            lambda: one_request.split_options("pose", {"threshold": 1.5}),
             r"'threshold' must be a number from 0 to 1; got 1\.5",
         ),  # fmt: skip
-        (lambda: serving.split_options("pose", {"max_people": 0}), r"from 1 to 50; got 0"),
-        (lambda: serving.split_options("seg", {"opacity": -0.1}), r"from 0 to 1"),
+        (lambda: one_request.split_options("pose", {"max_people": 0}), r"from 1 to 50; got 0"),
+        (lambda: one_request.split_options("seg", {"opacity": -0.1}), r"from 0 to 1"),
         (
-            lambda: serving.split_options("seg", {"classes": ["Torso", "wings"]}),
+            lambda: one_request.split_options("seg", {"classes": ["Torso", "wings"]}),
             r"Unknown body-part class 'wings'.*Torso",
         ),  # fmt: skip
         (
-            lambda: serving.split_options("normal", {"background": "purple"}),
+            lambda: one_request.split_options("normal", {"background": "purple"}),
             r"one of: black, photo; got 'purple'",
         ),
-        (lambda: serving.split_options("matting", {"background_color": "sky"}), r"'#rrggbb'"),
+        (lambda: one_request.split_options("matting", {"background_color": "sky"}), r"'#rrggbb'"),
         (
-            lambda: serving.split_options("seg", {"colour": 1}),
+            lambda: one_request.split_options("seg", {"colour": 1}),
             r"Unknown seg option 'colour'; allowed: opacity, classes",
         ),
     ],

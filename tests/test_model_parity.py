@@ -170,7 +170,7 @@ def test_zoo_sizes_are_recognised_from_shapes(size: str, tmp_path: Path) -> None
     assert model.size == size and model.task == "pretrain" and arch.size == size
 
 
-@pytest.mark.parametrize("task", ["pose", "seg", "normal", "pointmap", "matting"])
+@pytest.mark.parametrize("task", [t for t in TASK_NAMES if sapiens2.TASKS[t].head])
 def test_release_heads_are_recognised(task: str) -> None:
     info = arch_from_shapes(zoo_shapes(task, "1b"))
     assert info.task == task and info.size == "1b"

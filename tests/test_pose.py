@@ -14,12 +14,12 @@ from tiny_checkpoints import make_tiny_checkpoint
 
 import sapiens2
 from sapiens2.errors import OptionError
-from sapiens2.imaging import box_to_center_scale, crop_to_image, inverse_warp_matrix, warp_matrix
 from sapiens2.metadata import COCO17_NAMES, FLIP_INDEX, KEYPOINT_NAMES, NUM_KEYPOINTS
 from sapiens2.nn.outputs import PoseOutput
 from sapiens2.tasks import pipeline, pipeline_class
 from sapiens2.tasks.pose import PosePipeline, PoseResult, decode_heatmaps, flip_back, merge_flip
 from sapiens2.tasks.pose_codec import heatmap_to_crop
+from sapiens2.tasks.pose_crops import apply_affine, box_to_center_scale, inverse_warp_matrix, warp_matrix
 from sapiens2.zoo import IMAGE_MEAN, IMAGE_STD
 
 
@@ -137,7 +137,7 @@ def test_heatmap_to_image_equals_the_release_mapping_and_round_trips() -> None:
     center, scale = box_to_center_scale(boxes)
     hm_pts = np.random.default_rng(3).uniform(0, [191, 255], size=(2, 20, 2))
     crop = heatmap_to_crop(torch.from_numpy(hm_pts), (256, 192), (1024, 768)).numpy()
-    ours = crop_to_image(crop, inverse_warp_matrix(center, scale))
+    ours = apply_affine(crop, inverse_warp_matrix(center, scale))
     # the release: kp * input_size / (heatmap_size - 1), then kp / input_size * scale + centre - scale / 2
     codec = hm_pts / [191, 255] * [768, 1024]
     release = codec / [768, 1024] * scale[:, None] + center[:, None] - 0.5 * scale[:, None]
@@ -145,7 +145,7 @@ def test_heatmap_to_image_equals_the_release_mapping_and_round_trips() -> None:
     # image -> crop (forward warp) -> image returns within 1e-3 px
     m = warp_matrix(center, scale)
     to_crop = np.einsum("nij,nkj->nki", m[:, :, :2], release) + m[:, None, :, 2]
-    assert np.abs(crop_to_image(to_crop, inverse_warp_matrix(center, scale)) - release).max() < 1e-3
+    assert np.abs(apply_affine(to_crop, inverse_warp_matrix(center, scale)) - release).max() < 1e-3
 
 
 def _symmetric_positions(w: int, rng: np.random.Generator) -> np.ndarray:

@@ -110,12 +110,35 @@ def photo() -> np.ndarray:
 # ----------------------------------------------------------------------------- tests
 
 
-def test_builtin_tasks_are_declared_in_tab_order() -> None:
-    names = [t.api_name for t in registry.all_tasks().values()]
-    assert names == ["pose", "seg", "normal", "pointmap", "matting", "features"]
+def test_builtin_tasks_are_declared_in_the_zoo_order_and_shown_when_their_weights_can_be_had(
+    monkeypatch, tmp_path
+) -> None:
+    monkeypatch.delenv(registry.TASK_CHECKPOINTS_ENV, raising=False)
+    monkeypatch.setenv("SAPIENS2_CHECKPOINTS", str(tmp_path))  # an empty local root
+    declared = registry.declared()
+    assert list(declared) == [name for name in ZOO if name in declared]  # tab order = zoo rows
+    assert set(declared) == set(ZOO)  # every zoo row has its module, every module its row
+    shown = registry.all_tasks()
+    assert list(shown) == [n for n, t in declared.items() if t.spec.on_hub]
     assert registry.get("features") is registry.get("pretrain")
-    with pytest.raises(OptionError, match="choose one of: pose, seg, normal, pointmap, matting, features"):
+    names = ", ".join(t.api_name for t in shown.values())
+    with pytest.raises(OptionError, match=f"choose one of: {names}"):
         registry.get("depth")
+
+
+def test_each_task_module_is_found_and_the_model_layer_reads_the_zoo_rows() -> None:
+    import sapiens2
+    from sapiens2 import tasks as tasks_pkg
+    from sapiens2.nn import outputs
+    from sapiens2.nn.heads import predictors
+
+    for task in registry.declared().values():
+        assert task.pipeline.__module__.rsplit(".", 1)[1] in registry.builtin_modules()
+        assert tasks_pkg.pipeline_class(task.name) is task.pipeline is tasks_pkg.pipeline_class(task.api_name)
+        assert getattr(sapiens2, task.pipeline.__name__) is task.pipeline  # public name, derived
+        assert issubclass(outputs.output_type(task.spec.output), outputs.TaskOutput)
+        if task.spec.head is not None:
+            assert predictors()[task.spec.predictor] == task.name
 
 
 def test_option_names_are_unique_per_task_and_defaults_pass_their_own_checks() -> None:
@@ -133,7 +156,8 @@ def test_a_registered_task_gets_a_tab_an_endpoint_and_a_place_in_all(toy, tmp_pa
     manager = serving.ModelManager(device="cpu")
     demo = app.build_demo(manager, folders=serving.RequestFolders(tmp_path / "req"))
     tabs = [b.label for b in demo.blocks.values() if type(b).__name__ == "Tab"]
-    assert tabs[-2:] == ["Invert", "Video"] and len(tabs) == 8  # task tabs in order, then Video
+    assert tabs == [t.tab for t in registry.all_tasks().values()] + ["Video"]  # tab order, then Video
+    assert tabs[-2] == "Invert" and demo.title.endswith(", Invert")  # the page title names it too
     api = demo.get_api_info()["named_endpoints"]
     assert [p["parameter_name"] for p in api["/invert"]["parameters"]] == ["photo", "size", "strength"]
     all_params = [p["parameter_name"] for p in api["/all"]["parameters"]]

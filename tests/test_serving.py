@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import one_request
 import pytest
 import torch
 from forking import expect_child_success
@@ -242,27 +243,27 @@ def test_size_not_offered_names_the_sizes() -> None:
 )
 def test_option_validation_messages(task: str, options: dict, message: str) -> None:
     with pytest.raises(OptionError, match=message):
-        serving.split_options(task, options)
+        one_request.split_options(task, options)
 
 
 def test_options_split_into_inference_and_rendering_with_defaults() -> None:
-    infer_opts, render_opts = serving.split_options("pose", {"threshold": "0.5", "flip_test": True})
+    infer_opts, render_opts = one_request.split_options("pose", {"threshold": "0.5", "flip_test": True})
     assert infer_opts == {"flip_test": True, "max_people": 20}
     assert render_opts == {"threshold": 0.5, "show_face": True, "body_only": False, "show_boxes": True}
-    _, seg = serving.split_options("seg", {"classes": ["left hand", "Face_Neck"]})
+    _, seg = one_request.split_options("seg", {"classes": ["left hand", "Face_Neck"]})
     assert seg["classes"] == [3, 6] and seg["opacity"] == 0.5
-    _, seg_all = serving.split_options("seg", {"classes": []})
+    _, seg_all = one_request.split_options("seg", {"classes": []})
     assert seg_all["classes"] is None
-    _, mat = serving.split_options("matting", {"background_color": "rgba(255, 0, 10, 1)"})
+    _, mat = one_request.split_options("matting", {"background_color": "rgba(255, 0, 10, 1)"})
     assert mat["background_color"] == (255, 0, 10)
     assert serving.parse_color("#00B140") == (0, 177, 64)
 
 
 def test_colour_options_take_the_renderers_forms_and_name_the_option() -> None:
     for value, rgb in [("#fff", (255, 255, 255)), ("#00b140ff", (0, 177, 64)), ("rgb(1, 2, 3)", (1, 2, 3))]:
-        assert serving.split_options("matting", {"background_color": value})[1]["background_color"] == rgb
+        assert one_request.split_options("matting", {"background_color": value})[1]["background_color"] == rgb
     with pytest.raises(OptionError, match=r"^The matting option 'background_color': Colour 'sky' is not"):
-        serving.split_options("matting", {"background_color": "sky"})
+        one_request.split_options("matting", {"background_color": "sky"})
 
 
 def test_checkpoint_specs_from_cli_and_env(monkeypatch, tmp_path) -> None:
@@ -294,10 +295,10 @@ def test_out_of_memory_trims_the_cache_and_advises_a_smaller_size() -> None:
     manager.get("seg", "0.4b")
     manager.get("normal", "0.4b")
     with pytest.raises(serving.OutOfMemoryError, match=r"pose 5b.*smaller size \(0\.4b, 0\.8b, 1b\)"):
-        serving.infer(manager, "pose", np.zeros((8, 8, 3), np.uint8), "5b")
+        one_request.infer(manager, "pose", np.zeros((8, 8, 3), np.uint8), "5b")
     assert manager.loaded() == [("pose", "5b")]  # the others were dropped
     with pytest.raises(serving.OutOfMemoryError, match="use a smaller photo"):
-        serving.infer(manager, "pose", np.zeros((8, 8, 3), np.uint8), "0.4b")
+        one_request.infer(manager, "pose", np.zeros((8, 8, 3), np.uint8), "0.4b")
     assert serving.is_out_of_memory(RuntimeError("CUDA error: out of memory"))
     assert not serving.is_out_of_memory(RuntimeError("shape mismatch"))
 
@@ -358,7 +359,7 @@ def test_present_matting_over_a_background_image_of_another_size(tmp_path) -> No
     from PIL import Image
 
     Image.new("RGB", (300, 17), (0, 0, 255)).save(bg)
-    _, render_opts = serving.split_options("matting", {"background_image": str(bg)})
+    _, render_opts = one_request.split_options("matting", {"background_image": str(bg)})
     shown = serving.present(_matting_result(), tmp_path / "out", **render_opts)
     assert shown.after.shape == (40, 30, 3)
     assert tuple(shown.after[0, 0]) == (0, 0, 255) and tuple(shown.after[20, 15]) == (255, 0, 0)
@@ -373,7 +374,7 @@ def test_present_saves_the_rendering_it_shows_without_rendering_twice(tmp_path) 
     calls: list[dict] = []
     render = result.render
     result.render = lambda **kw: calls.append(kw) or render(**kw)  # type: ignore[method-assign]
-    _, render_opts = serving.split_options("matting", {"background_color": "#fff"})
+    _, render_opts = one_request.split_options("matting", {"background_color": "#fff"})
     shown = serving.present(result, tmp_path, **render_opts)
     saved = np.asarray(Image.open(tmp_path / "photo_composite.png").convert("RGB"))
     assert len(calls) == 1 and np.array_equal(saved, shown.after)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from sapiens2 import accel, imaging
+from sapiens2 import accel, network_input
 from sapiens2.loading import load_model
-from sapiens2.tasks import pipeline_class
+from sapiens2.tasks import pipeline_class, pose_crops
 from sapiens2.tasks.pose_codec import decode_heatmaps
 
 SMALL = (128, 96)  # network input for the tiny models (pointmap keeps 1024x768: its scale branch)
@@ -87,12 +87,12 @@ def test_bf16_close_to_fp32(tiny_checkpoints, task: str) -> None:
 
 
 class _Uploads:
-    """Records what pixel data reaches the model device through imaging.to_device / normalize."""
+    """Records what pixel data reaches the model device through network_input.to_device / normalize."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.to_device: list[tuple[torch.dtype, object]] = []
         self.normalize: list[torch.dtype] = []
-        orig_to, orig_norm = imaging.to_device, imaging.normalize
+        orig_to, orig_norm = network_input.to_device, network_input.normalize
 
         def to_device(img, device=None):
             dtype = torch.from_numpy(np.asarray(img[:1])).dtype if isinstance(img, np.ndarray) else img.dtype
@@ -103,8 +103,8 @@ class _Uploads:
             self.normalize.append(img.dtype)
             return orig_norm(img, dtype)
 
-        monkeypatch.setattr(imaging, "to_device", to_device)
-        monkeypatch.setattr(imaging, "normalize", normalize)
+        monkeypatch.setattr(network_input, "to_device", to_device)
+        monkeypatch.setattr(network_input, "normalize", normalize)
 
 
 @pytest.mark.parametrize("task", ["seg", "normal", "matting", "pretrain"])
@@ -113,7 +113,7 @@ def test_resize_tasks_upload_uint8(tiny_checkpoints, task: str, monkeypatch) -> 
     spy = _Uploads(monkeypatch)
     run(pipe, task, photo())
     uploads = [dtype for dtype, device in spy.to_device if device is not None]
-    assert uploads, "the photo never went through imaging.to_device"
+    assert uploads, "the photo never went through network_input.to_device"
     assert all(d == torch.uint8 for d in uploads), uploads
 
 
@@ -127,7 +127,7 @@ def test_pose_uploads_uint8_crops(tiny_checkpoints, monkeypatch) -> None:
 def test_torch_crop_backend_uploads_image_once_as_uint8(monkeypatch) -> None:
     """The GPU crop path (grid_sample on the device) uploads the uint8 photo once for all people."""
     spy = _Uploads(monkeypatch)
-    x, _ = imaging.crop_people(
+    x, _ = pose_crops.crop_people(
         photo(), np.array([[5, 5, 40, 45], [30, 2, 68, 48.0]]), backend="torch", out_hw=SMALL
     )
     assert x.shape == (2, 3, *SMALL) and x.dtype == torch.float32

@@ -19,7 +19,11 @@ from typing import Any
 
 import torch
 
+#: The tasks transformers can build (parity tests run against these).
 TASK_NAMES = ("pose", "seg", "normal", "pointmap", "matting", "pretrain")
+#: Tasks of the release that transformers lacks: their tiny checkpoint is the tiny normal backbone
+#: plus a reference head written here from the spec, in the release's key names.
+RELEASE_ONLY = ("albedo",)
 
 #: The tiny backbone: 4 layers, the middle two GQA (4 query heads, 2 kv heads), head_dim 16.
 TINY_BACKBONE: dict[str, Any] = {
@@ -125,7 +129,91 @@ def make_tiny_checkpoint(task: str, folder: Path, *, seed: int = 0, **overrides:
     ``config.json``, via transformers' ``save_pretrained``) and return ``folder``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    if task in RELEASE_ONLY:
+        return _release_only_checkpoint(task, folder, seed)
     make_tiny_model(task, seed=seed, **overrides).save_pretrained(folder)
+    return folder
+
+
+def all_task_names() -> tuple[str, ...]:
+    """Every zoo task (the registry's rows): each has a tiny checkpoint maker here."""
+    from sapiens2.zoo import TASKS
+
+    missing = set(TASKS) - set(TASK_NAMES) - set(RELEASE_ONLY)
+    assert not missing, f"no tiny checkpoint for {sorted(missing)}: add one to tests/tiny_checkpoints.py"
+    return tuple(TASKS)
+
+
+# ----------------------------------------------------------------------------- release-only heads
+
+
+class RefRMSNorm2d(torch.nn.Module):
+    """The spec's RMSNorm2d: ``nn.RMSNorm`` over channels, eps 1e-6, with a weight (written out)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + 1e-6)
+        return x * rms * self.weight.view(1, -1, 1, 1)
+
+
+class RefAlbedoHead(torch.nn.Module):
+    """SPEC section 3: the normal head with RMSNorm2d where normal has InstanceNorm, in the
+    release's names and Sequential indices: input_conv.{0,1}, upsample_blocks.k.{0,2},
+    conv_layers.{0,1,3,4,6,7}, conv_albedo (1x1 -> 3). Kernels 3."""
+
+    def __init__(self, in_ch: int, upsample: tuple[int, ...], conv: tuple[int, ...] = (64, 32, 16)) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.input_conv = nn.Sequential(nn.Conv2d(in_ch, in_ch, 3, padding=1), RefRMSNorm2d(in_ch), nn.SiLU())
+        blocks, ch = [], in_ch
+        for out in upsample:
+            conv4 = nn.Conv2d(ch, 4 * out, 3, padding=1)
+            blocks.append(nn.Sequential(conv4, nn.PixelShuffle(2), RefRMSNorm2d(out), nn.SiLU()))
+            ch = out
+        self.upsample_blocks = nn.ModuleList(blocks)
+        layers: list[torch.nn.Module] = []
+        for out in conv:
+            layers += [nn.Conv2d(ch, out, 3, padding=1), RefRMSNorm2d(out), nn.SiLU()]
+            ch = out
+        self.conv_layers = nn.Sequential(*layers)
+        self.conv_albedo = nn.Conv2d(ch, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.input_conv(x)
+        for block in self.upsample_blocks:
+            x = block(x)
+        return self.conv_albedo(self.conv_layers(x))
+
+
+def tiny_albedo_head(seed: int = 0) -> RefAlbedoHead:
+    """The reference albedo head at the tiny widths, random: norm weights away from 1 and biases
+    away from 0, so a mix-up of tensors shows."""
+    torch.manual_seed(seed)
+    head = RefAlbedoHead(TINY_BACKBONE["hidden_size"], (16, 8, 4, 4), (4, 4, 4))
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for module in head.modules():
+            if isinstance(module, RefRMSNorm2d):
+                module.weight.copy_(1.0 + 0.3 * torch.randn(module.weight.shape, generator=gen))
+            elif isinstance(module, torch.nn.Conv2d):
+                module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=gen))
+    return head.eval()
+
+
+def _release_only_checkpoint(task: str, folder: Path, seed: int) -> Path:
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    with tempfile.TemporaryDirectory() as tmp:  # the backbone in the file's own key names
+        make_tiny_model("normal", seed=seed).save_pretrained(tmp)
+        state = load_file(Path(tmp) / "model.safetensors")
+    backbone = {k: v for k, v in state.items() if not k.startswith("decode_head.")}
+    head = {f"decode_head.{k}": v for k, v in tiny_albedo_head(seed).state_dict().items()}
+    save_file({k: v.contiguous() for k, v in {**backbone, **head}.items()}, str(folder / "model.safetensors"))
     return folder
 
 

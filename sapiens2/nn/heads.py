@@ -5,6 +5,9 @@
 - ``PixelShuffleHead``: conv + PixelShuffle upsampling (normal: 3 channels; matting: 4 channels).
 - ``PointmapHead``: the pixel-shuffle head plus the scale branch (stride-2 convs + MLP).
 
+The norm after each conv is InstanceNorm (no parameters) in the released heads, or a channel
+RMSNorm with a weight (albedo) when the checkpoint holds a weight at the norm's index.
+
 All layers are Sequentials whose indices equal the checkpoint's key names
 (``decode_head.deconv_layers.3.weight`` ...); every width, count and kernel size comes from a
 ``HeadConfig`` read off the checkpoint's tensor shapes by ``head_config_from_shapes``.
@@ -25,17 +28,18 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, InputImageError
+from ..zoo import TASKS
 
 Shapes = Mapping[str, tuple[int, ...]]
 
-#: Name of the final 1x1 conv in the checkpoint -> task. The predictor's name says the task.
-PREDICTORS: dict[str, str] = {
-    "conv_pose": "pose",
-    "conv_seg": "seg",
-    "conv_normal": "normal",
-    "conv_pointmap": "pointmap",
-    "conv_matting": "matting",
-}
+#: eps of the channel RMSNorm (the release's ``nn.RMSNorm(..., eps=1e-6)``)
+RMS_EPS = 1e-6
+
+
+def predictors() -> dict[str, str]:
+    """Name of the final 1x1 conv in a checkpoint -> task, from the zoo rows (``TaskSpec.predictor``):
+    the predictor's name says the task."""
+    return {spec.predictor: spec.name for spec in TASKS.values() if spec.predictor}
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,11 @@ class HeadConfig:
     bias: dict[str, bool] | None = None  # which conv groups have a bias
     scale_conv: tuple[tuple[int, int], ...] = ()  # pointmap: (out channels, kernel) per stride-2 conv
     scale_mlp: tuple[tuple[int, int], ...] = ()  # pointmap: (in, out) per Linear
+    norm: str = "instance"  # "instance" (no parameters) or "rms" (channel RMSNorm with a weight)
 
     @property
     def task(self) -> str:
-        return PREDICTORS[self.predictor]
+        return predictors()[self.predictor]
 
     def widths(self) -> dict[str, object]:
         """The head's layer widths, for describe_checkpoint()."""
@@ -62,14 +67,27 @@ class HeadConfig:
             out["input_conv"] = self.input_conv[0]
         out["upsample"] = [c for c, _ in self.upsample]
         out["conv"] = [c for c, _ in self.conv]
+        if self.norm != "instance":
+            out["norm"] = self.norm
         if self.kind == "pointmap":
             out["scale_conv"] = [c for c, _ in self.scale_conv]
             out["scale_mlp"] = [o for _, o in self.scale_mlp]
         return out
 
 
-def _norm_act(channels: int) -> list[nn.Module]:
-    return [nn.InstanceNorm2d(channels), nn.SiLU()]
+class ChannelRMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` over the channels of a (B, C, H, W) map, with a per-channel weight."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels, eps=RMS_EPS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def _norm_act(channels: int, norm: str = "instance") -> list[nn.Module]:
+    layer = ChannelRMSNorm(channels) if norm == "rms" else nn.InstanceNorm2d(channels)
+    return [layer, nn.SiLU()]
 
 
 def run_fp32(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -78,14 +96,19 @@ def run_fp32(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _conv_stack(
-    in_ch: int, layers: tuple[tuple[int, int], ...], *, stride: int = 1, bias: bool = True
+    in_ch: int,
+    layers: tuple[tuple[int, int], ...],
+    *,
+    stride: int = 1,
+    bias: bool = True,
+    norm: str = "instance",
 ) -> tuple[nn.Sequential, int]:
-    """[Conv, InstanceNorm, SiLU] x n: conv i sits at index 3*i, as in the release."""
+    """[Conv, norm, SiLU] x n: conv i sits at index 3*i, as in the release."""
     mods: list[nn.Module] = []
     for out_ch, k in layers:
         mods += [
             nn.Conv2d(in_ch, out_ch, k, stride=stride, padding=(k - 1) // 2, bias=bias),
-            *_norm_act(out_ch),
+            *_norm_act(out_ch, norm),
         ]
         in_ch = out_ch
     return nn.Sequential(*mods), in_ch
@@ -106,11 +129,11 @@ class DeconvHead(nn.Module):
                 nn.ConvTranspose2d(
                     ch, out_ch, k, stride=2, padding=(k - 2) // 2, bias=bias.get("deconv", False)
                 ),
-                *_norm_act(out_ch),
+                *_norm_act(out_ch, cfg.norm),
             ]
             ch = out_ch
         self.deconv_layers = nn.Sequential(*mods)
-        self.conv_layers, ch = _conv_stack(ch, cfg.conv, bias=bias.get("conv", True))
+        self.conv_layers, ch = _conv_stack(ch, cfg.conv, bias=bias.get("conv", True), norm=cfg.norm)
         self.add_module(cfg.predictor, nn.Conv2d(ch, cfg.num_outputs, 1))
         self.fp32_modules: tuple[str, ...] = (cfg.predictor,)
 
@@ -128,16 +151,18 @@ class PixelShuffleHead(nn.Module):
         bias = cfg.bias or {}
         ch = cfg.in_channels
         if cfg.input_conv is not None:
-            self.input_conv, ch = _conv_stack(ch, (cfg.input_conv,), bias=bias.get("input_conv", True))
+            self.input_conv, ch = _conv_stack(
+                ch, (cfg.input_conv,), bias=bias.get("input_conv", True), norm=cfg.norm
+            )
         else:
             self.input_conv = None
         blocks = []
         for out_ch, k in cfg.upsample:
             conv = nn.Conv2d(ch, 4 * out_ch, k, padding=(k - 1) // 2, bias=bias.get("upsample", True))
-            blocks.append(nn.Sequential(conv, nn.PixelShuffle(2), *_norm_act(out_ch)))
+            blocks.append(nn.Sequential(conv, nn.PixelShuffle(2), *_norm_act(out_ch, cfg.norm)))
             ch = out_ch
         self.upsample_blocks = nn.ModuleList(blocks)
-        self.conv_layers, ch = _conv_stack(ch, cfg.conv, bias=bias.get("conv", True))
+        self.conv_layers, ch = _conv_stack(ch, cfg.conv, bias=bias.get("conv", True), norm=cfg.norm)
         self.add_module(cfg.predictor, nn.Conv2d(ch, cfg.num_outputs, 1))
         self.fp32_modules: tuple[str, ...] = (cfg.predictor,)
 
@@ -210,12 +235,13 @@ def _indexed(
 
 def head_config_from_shapes(shapes: Shapes, prefix: str = "decode_head.") -> HeadConfig:
     """Read the head's kind, widths and kernel sizes from a checkpoint's tensor shapes."""
-    names = [p for p in PREDICTORS if prefix + p + ".weight" in shapes]
+    known = predictors()
+    names = [p for p in known if prefix + p + ".weight" in shapes]
     if len(names) != 1:
         found = sorted({k[len(prefix) :].split(".")[0] for k in shapes if k.startswith(prefix)})
         raise CheckpointError(
             f"Cannot tell the task of this checkpoint's head: expected one of "
-            f"{', '.join(prefix + p for p in PREDICTORS)}, found {found or 'no head at all'}."
+            f"{', '.join(prefix + p for p in known)}, found {found or 'no head at all'}."
         )
     predictor = names[0]
     pred_shape = shapes[prefix + predictor + ".weight"]
@@ -223,19 +249,28 @@ def head_config_from_shapes(shapes: Shapes, prefix: str = "decode_head.") -> Hea
     def has(name: str) -> bool:
         return prefix + name in shapes
 
-    deconv = _indexed(shapes, prefix, "deconv_layers")
-    convs = [(s[0], s[-1]) for _, s in _indexed(shapes, prefix, "conv_layers")]
+    deconv = [(i, s) for i, s in _indexed(shapes, prefix, "deconv_layers") if len(s) == 4]
+    # conv weights are 4-D; a 1-D weight at a norm's index is a channel RMSNorm's
+    convs = [(s[0], s[-1]) for _, s in _indexed(shapes, prefix, "conv_layers") if len(s) == 4]
+    norm = "rms" if _has_norm_weight(shapes, prefix) else "instance"
     bias = {"conv": has("conv_layers.0.bias") or not convs}
     if deconv:
         in_ch = deconv[0][1][0]
         upsample = tuple((s[1], s[-1]) for _, s in deconv)  # ConvTranspose weight: (in, out, k, k)
         bias["deconv"] = has("deconv_layers.0.bias")
         return HeadConfig(
-            "deconv", predictor, in_ch, pred_shape[0], upsample=upsample, conv=tuple(convs), bias=bias
+            "deconv",
+            predictor,
+            in_ch,
+            pred_shape[0],
+            upsample=upsample,
+            conv=tuple(convs),
+            bias=bias,
+            norm=norm,
         )
 
     blocks = [(i, shapes[f"{prefix}upsample_blocks.{i}.0.weight"]) for i in _block_ids(shapes, prefix)]
-    input_conv = _indexed(shapes, prefix, "input_conv")
+    input_conv = [(i, s) for i, s in _indexed(shapes, prefix, "input_conv") if len(s) == 4]
     if not blocks:
         raise CheckpointError(f"The head {predictor} has neither deconv_layers nor upsample_blocks.")
     in_ch = input_conv[0][1][1] if input_conv else blocks[0][1][1]
@@ -249,8 +284,9 @@ def head_config_from_shapes(shapes: Shapes, prefix: str = "decode_head.") -> Hea
         "upsample": tuple((s[0] // 4, s[-1]) for _, s in blocks),  # conv to 4c, then PixelShuffle(2)
         "conv": tuple(convs),
         "bias": bias,
+        "norm": norm,
     }
-    scale_conv = _indexed(shapes, prefix, "scale_conv_layers")
+    scale_conv = [(i, s) for i, s in _indexed(shapes, prefix, "scale_conv_layers") if len(s) == 4]
     if not scale_conv:
         return HeadConfig("pixel_shuffle", **common)
     mlp = _indexed(shapes, prefix, "scale_final_layer")
@@ -260,6 +296,14 @@ def head_config_from_shapes(shapes: Shapes, prefix: str = "decode_head.") -> Hea
         scale_conv=tuple((s[0], s[-1]) for _, s in scale_conv),
         scale_mlp=tuple((s[1], s[0]) for _, s in mlp),
     )
+
+
+def _has_norm_weight(shapes: Shapes, prefix: str) -> bool:
+    """True when the trunk's norms carry a weight (RMSNorm): a 1-D tensor right after a conv."""
+    for group in ("deconv_layers", "conv_layers", "input_conv"):
+        if any(len(s) == 1 for _, s in _indexed(shapes, prefix, group)):
+            return True
+    return any(len(s) == 1 for _, s in _indexed(shapes, prefix, "upsample_blocks.0"))
 
 
 def _block_ids(shapes: Shapes, prefix: str) -> list[int]:

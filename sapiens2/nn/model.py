@@ -18,15 +18,7 @@ from ..errors import CheckpointError
 from ..zoo import ARCHS, TASKS
 from .backbone import Backbone, BackboneConfig, backbone_config_from_shapes
 from .heads import HeadConfig, build_head, head_config_from_shapes
-from .outputs import (
-    FeaturesOutput,
-    MattingOutput,
-    NormalOutput,
-    PointmapOutput,
-    PoseOutput,
-    SegOutput,
-    TaskOutput,
-)
+from .outputs import FeaturesOutput, TaskOutput, output_type
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -86,7 +78,7 @@ def arch_from_shapes(shapes: Shapes) -> ArchInfo:
         backbone = backbone_config_from_shapes(shapes, "backbone.")
         task = head.task
     elif "cls_token" in shapes:
-        head, backbone, task = None, backbone_config_from_shapes(shapes, ""), "pretrain"
+        head, backbone, task = None, backbone_config_from_shapes(shapes, ""), _bare_backbone_task()
     else:
         sample = ", ".join(sorted(keys)[:4]) or "no tensors"
         raise CheckpointError(
@@ -97,6 +89,11 @@ def arch_from_shapes(shapes: Shapes) -> ArchInfo:
             f"The {task} checkpoint has a {head.kind} head; Sapiens2 {task} models use a {TASKS[task].head} head."
         )
     return ArchInfo(task, match_zoo_size(backbone), backbone, head)
+
+
+def _bare_backbone_task() -> str:
+    """The zoo task whose checkpoints are the bare backbone (no head): "pretrain"."""
+    return next(spec.name for spec in TASKS.values() if spec.head is None)
 
 
 class Sapiens2TaskModel(nn.Module):
@@ -111,6 +108,8 @@ class Sapiens2TaskModel(nn.Module):
         self.arch = info
         self.backbone = Backbone(info.backbone, rope_dtype)
         self.decode_head = build_head(info.head)
+        #: the typed output the zoo row names (the head's raw result -> e.g. PoseOutput)
+        self.output_type = output_type(TASKS[info.task].output)
 
     def fp32_keys(self) -> set[str]:
         """State-dict keys the loader keeps float32 whatever ``dtype`` (see ``nn.heads``)."""
@@ -124,20 +123,7 @@ class Sapiens2TaskModel(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> TaskOutput:
         tokens, grid = self.backbone(pixel_values)
         features = self.backbone.feature_map(tokens, grid)
-        out = self.decode_head(features)
-        if self.task == "pose":
-            return PoseOutput(heatmaps=out)
-        if self.task == "seg":
-            return SegOutput(logits=out)
-        if self.task == "normal":
-            return NormalOutput(normals=out)
-        if self.task == "pointmap":
-            pointmap, scale = out
-            return PointmapOutput(pointmap=pointmap, scale=scale)
-        if self.task == "matting":
-            out = out.sigmoid()  # channels 0-2: premultiplied foreground, 3: alpha
-            return MattingOutput(foreground=out[:, :3], alpha=out[:, 3:4])
-        raise AssertionError(self.task)
+        return self.output_type.from_head(self.decode_head(features))
 
 
 class Sapiens2FeatureModel(Backbone):
@@ -160,7 +146,7 @@ def build_from_shapes(
     """Build (by default on the meta device, i.e. without memory) the model a checkpoint describes."""
     info = arch_from_shapes(shapes)
     with torch.device(device or "cpu"):
-        if info.task == "pretrain":
+        if info.head is None:
             model: nn.Module = Sapiens2FeatureModel(info, rope_dtype)
         else:
             model = Sapiens2TaskModel(info, rope_dtype)

@@ -15,12 +15,8 @@ Modules: ``cache`` (the model cache and residency), ``runner`` (one request, any
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import OutOfMemoryError
-from ..imaging import load_image
 from ..render import parse_color
-from ..tasks import registry
 from .cache import CUSTOM, DEFAULT_MAX_MODELS, ModelManager, default_device, pipeline_bytes
 from .checkpoints import CHECKPOINTS_ENV, checkpoints_from_env, parse_checkpoint_specs, task_name
 from .folders import RequestFolders
@@ -28,23 +24,6 @@ from .gpu_time import gpu_seconds
 from .memory import free_accelerator_memory, is_out_of_memory, release_memory
 from .present import Presented, present
 from .runner import DeviceCall, Job, RequestRunner, read_photo, run_on_device
-
-
-def split_options(task: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Validate request options -> (inference options, rendering options), defaults filled in
-    (CPU defaults). Raises OptionError naming the allowed option names or values."""
-    return registry.get(task).split(options)
-
-
-def infer(manager: ModelManager, task: str, image: Any, size: str | None = None, **infer_opts: Any) -> Any:
-    """Run one task on one image in this process (prepare, infer, finish) and return its result.
-
-    ``image`` is anything ``sapiens2.imaging.load_image`` takes (an ``Intake`` is reused as is).
-    An out-of-memory error trims the cache and becomes :class:`OutOfMemoryError` with advice."""
-    decl = registry.get(task)
-    job = Job(decl, manager.resolve_size(decl.name, size), [load_image(image)], dict(infer_opts), {})
-    return RequestRunner(manager).results(job)[0]
-
 
 __all__ = [
     "CHECKPOINTS_ENV",
@@ -61,7 +40,6 @@ __all__ = [
     "default_device",
     "free_accelerator_memory",
     "gpu_seconds",
-    "infer",
     "is_out_of_memory",
     "pipeline_bytes",
     "parse_checkpoint_specs",
@@ -70,6 +48,5 @@ __all__ = [
     "read_photo",
     "release_memory",
     "run_on_device",
-    "split_options",
     "task_name",
 ]

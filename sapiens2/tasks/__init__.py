@@ -1,36 +1,22 @@
 """One pipeline per task; :func:`pipeline` builds one by task name.
 
-Each task lives in its own module (``pose.py``, ``seg.py`` ...) and is imported only when asked
-for, so that ``import sapiens2.tasks`` stays cheap.
+Each task lives in its own module (``pose.py``, ``seg.py`` ...) whose ``TASK`` declaration names
+its pipeline (``sapiens2.tasks.registry``); the modules are imported on the first lookup, so that
+``import sapiens2.tasks`` stays cheap.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from ..errors import OptionError
 from .base import Pipeline, RunInfo, TaskResult
-
-# task name (as in zoo.TASKS, plus friendly aliases) -> (module, class)
-_PIPELINES: dict[str, tuple[str, str]] = {
-    "pose": ("pose", "PosePipeline"),
-    "seg": ("seg", "SegPipeline"),
-    "normal": ("normal", "NormalPipeline"),
-    "pointmap": ("pointmap", "PointmapPipeline"),
-    "matting": ("matting", "MattingPipeline"),
-    "pretrain": ("features", "FeaturesPipeline"),
-    "features": ("features", "FeaturesPipeline"),
-}
 
 
 def pipeline_class(task: str) -> type[Pipeline]:
-    """The pipeline class for a task name (lazy import of its module)."""
-    try:
-        module, cls = _PIPELINES[task]
-    except (KeyError, TypeError):
-        raise OptionError(f"Unknown task {task!r}; choose one of: {', '.join(_PIPELINES)}.") from None
-    return getattr(importlib.import_module(f".{module}", __name__), cls)
+    """The pipeline class for a task's zoo or API name ("pretrain" or "features")."""
+    from . import registry
+
+    return registry.get(task).pipeline
 
 
 def pipeline(task: str, size: str | None = None, **kwargs: Any) -> Pipeline:

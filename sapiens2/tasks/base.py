@@ -122,12 +122,6 @@ class Pipeline:
         """The (H, W) the model is fed: ``input_hw`` or the checkpoint's own input size."""
         return tuple(self.input_hw or self.spec.input_size(self.size or ""))
 
-    def _begin(self, image: ImageSource | Intake) -> tuple[float, Intake, RunInfo, list[str]]:
-        """Start a request: the clock, the intake, a fresh RunInfo and the intake's notices."""
-        t0 = time.perf_counter()
-        intake = self._prepare(image)
-        return t0, intake, self.run_info(), list(intake.notices)
-
     def _prepare(self, image: ImageSource | Intake) -> Intake:
         """Image intake shared by every task (raises InputImageError on unusable input)."""
         return load_image(image, max_side=self.max_side)

@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import torch
 
-from .. import imaging
+from .. import network_input
 from ..errors import OptionError
 from ..imaging import Intake
 from ..zoo import get_task
@@ -97,7 +97,7 @@ class FeaturesPipeline(Pipeline):
         if not batch:
             return []
         info = self.run_info()
-        pixels = imaging.network_batch([p.pixels for p in batch], self.device, self.dtype)
+        pixels = network_input.network_batch([p.pixels for p in batch], self.device, self.dtype)
         out = self.timed_forward(info, pixels)
         share = replace(info, model_s=info.model_s / len(batch))  # one forward, shared
         emb, patches = out.cls_embedding.cpu(), out.patch_features.cpu()

@@ -16,13 +16,14 @@ import numpy as np
 import torch
 
 from ..errors import InputImageError
-from ..imaging import Intake, load_image, resize_to, stretch_antialiased
+from ..imaging import Intake, load_image
+from ..network_input import resize_to, stretch_antialiased
 from ..options import Option
 from ..render import CHROMA_GREEN
 from ..zoo import get_task
 from .base import Pipeline, TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, forward_seconds
+from .registry import Task, Video, forward_seconds
 
 
 @dataclass(kw_only=True)
@@ -159,4 +160,5 @@ TASK = Task(
     ),
     render_args=_render_args,
     cli_aliases={"background_color": ("--background",)},
+    video=Video(raw_fields={"alpha": np.float16}),
 )

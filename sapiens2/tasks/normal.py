@@ -18,13 +18,15 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from ..imaging import Intake, crop_padding, resize_to
+from ..imaging import Intake
+from ..network_input import crop_padding, resize_to
 from ..options import Option
 from ..zoo import get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, forward_seconds
-from .seg import SegLogits, SegMaskedPipeline
+from .registry import Task, Video, forward_seconds
+from .seg import SegLogits
+from .seg_borrow import SegMaskedPipeline
 
 EPS = 1e-8
 
@@ -172,4 +174,5 @@ TASK = Task(
     ),
     borrows=("seg",),
     needs=_needs,
+    video=Video(raw_fields={"normals": np.float16, "mask": None}),
 )

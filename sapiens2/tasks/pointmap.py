@@ -19,14 +19,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..imaging import Intake, PadInfo, crop_padding, resize_to
+from ..imaging import Intake
 from ..mesh import PREVIEW_MAX_FACES, GridMesh
+from ..network_input import PadInfo, crop_padding, resize_to
 from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, View, forward_seconds
-from .seg import SegLogits, SegMaskedPipeline
+from .registry import Task, Video, View, forward_seconds
+from .seg import SegLogits
+from .seg_borrow import SegMaskedPipeline
 
 
 @dataclass(kw_only=True)
@@ -255,4 +257,5 @@ TASK = Task(
     borrows=("seg",),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
+    video=Video(handler="depth", raw_fields={"depth": np.float32, "mask": None}),
 )

@@ -8,7 +8,7 @@ Flow of :class:`PosePipeline`, in its three stages (``__call__`` = all three in 
 2. ``infer`` (the device step; on ZeroGPU the only part inside the GPU function): person boxes
    where a prep has none (``detect_people``: DETR, an injected detector, or the whole image
    ``[0, 0, w-1, h-1]``); every box -> centre, size x1.25, widened to 3:4 -> UDP affine crop to
-   768x1024 (:func:`sapiens2.imaging.crop_people`); ONE forward for all crops of all preps, plus
+   768x1024 (:func:`sapiens2.tasks.pose_crops.crop_people`); ONE forward for all crops of all preps, plus
    their mirrored copies when ``flip_test`` (mirrored heatmaps flipped back, left/right channels
    swapped, averaged with the plain ones); :func:`decode_heatmaps` (argmax + DARK-UDP) in float32
    on the device; heatmap px -> crop px -> working-copy px. Only (P, 308) arrays come back;
@@ -25,15 +25,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .. import imaging
+from .. import network_input
 from ..errors import OptionError
-from ..imaging import CropInfo, ImageSource, Intake, apply_affine, crop_geometry, crop_people, warp_crops
+from ..imaging import ImageSource, Intake
 from ..metadata import FLIP_INDEX, NUM_KEYPOINTS
 from ..options import Option
 from ..zoo import get_task
 from .base import Pipeline, RunInfo, TaskResult
 from .pose_codec import decode_checked, decode_heatmaps, flip_back, heatmap_to_crop, merge_flip
-from .registry import Switch, Task, View, forward_seconds
+from .pose_crops import CropInfo, apply_affine, crop_geometry, crop_people, warp_crops
+from .registry import Switch, Task, Video, View, forward_seconds
 
 if TYPE_CHECKING:
     from ..detect import Detections
@@ -308,7 +309,7 @@ class PosePipeline(Pipeline):
                 prep.image, boxes, device=self.device, dtype=self.dtype, out_hw=self.network_hw
             )
         pixels = torch.from_numpy(prep.crops).permute(0, 3, 1, 2)
-        x = imaging.normalize(imaging.to_device(pixels, self.device), self.dtype)
+        x = network_input.normalize(network_input.to_device(pixels, self.device), self.dtype)
         return x, crop_geometry(boxes, self.network_hw)
 
     def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
@@ -447,4 +448,5 @@ TASK = Task(
     cli_switches=(
         Switch("--no-detector", "skip person detection: the whole image is one person", {"detector": None}),
     ),
+    video=Video(handler="pose", render_overrides={"show_boxes": False, "show_ids": True}, detect=True),
 )

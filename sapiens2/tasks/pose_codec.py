@@ -185,7 +185,7 @@ def heatmap_to_crop(
 
     The release writes ``x * W/(w-1)`` and then maps to the image with ``kp/W * scale + c -
     scale/2``; the composition equals this scaling followed by the exact inverse of the UDP crop
-    warp (:func:`sapiens2.imaging.warp_matrix`), which is what the pipeline applies.
+    warp (:func:`sapiens2.tasks.pose_crops.warp_matrix`), which is what the pipeline applies.
     """
     h, w = heatmap_hw
     ih, iw = input_hw

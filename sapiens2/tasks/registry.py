@@ -5,13 +5,19 @@ row (sizes, checkpoints), its pipeline class, its options (name, type, default, 
 stage), the extra views its result fills besides the before/after picture, its downloads, the
 other models it borrows, and its GPU-time estimate. The server, the app's tabs and endpoints,
 "All tasks", the CLI flags and the API docs are all generated from these declarations; adding a
-task is one new module that ends with a ``TASK = Task(...)`` and one entry in :data:`BUILTIN`
-(or a :func:`register` call).
+task is one new module in this package that ends with a ``TASK = Task(...)`` (found by
+:func:`builtin_modules`; tab order is the zoo's row order), or a :func:`register` call.
+
+A task whose weights are not on the Hub (``TaskSpec.on_hub=False``, e.g. albedo) is declared but
+shown (page, API, CLI, video) only where a checkpoint for it is found: :func:`all_tasks` leaves it
+out otherwise; :func:`get` still finds it by name.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import pkgutil
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,8 +29,9 @@ from ..errors import OptionError
 from ..zoo import ARCHS, TaskSpec
 from ..zoo import TASKS as ZOO
 
-#: The built-in task modules (sapiens2.tasks.<module>), in tab order; each defines ``TASK``.
-BUILTIN = ("pose", "seg", "normal", "pointmap", "matting", "features")
+#: Modules of this package known to hold machinery, not a task (not even imported by the scan; any
+#: other module without a ``TASK`` is skipped too).
+_NOT_TASKS = frozenset({"base", "dense", "registry", "pose_codec", "pose_crops", "seg_borrow"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,24 @@ class Compare:
     label: str  # the score's label
     help: str
     score: Callable[[Any, Any], float]
+
+
+@dataclass(frozen=True)
+class Video:
+    """A task that runs on clips (``sapiens2.video``): how its frames are handled.
+
+    ``handler``: the frame handler kind in ``sapiens2.video.handlers`` ("frames": each frame
+    rendered as its photo result; "depth": rendered at the end with the clip's depth bounds;
+    "pose": detector, tracker and smoothing). ``raw_fields``: result attribute -> dtype it is kept
+    in for the clip's per-frame NPZ (None: as it is); a task with none writes no NPZ.
+    ``render_overrides``: video render options that differ from, or add to, the defaults of the
+    task's render options (pose: no boxes but track ids, since tracks are labelled instead).
+    ``detect``: the frames need person boxes (the detector every K frames, tracking between)."""
+
+    handler: Literal["frames", "depth", "pose"] = "frames"
+    raw_fields: Mapping[str, Any] = field(default_factory=dict)
+    render_overrides: Mapping[str, Any] = field(default_factory=dict)
+    detect: bool = False
 
 
 def no_borrowed(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
@@ -93,6 +118,7 @@ class Task:
     #: rendering options -> keyword arguments of the result's render() and save()
     render_args: Callable[[Mapping[str, Any]], dict[str, Any]] = same_options
     compare: Compare | None = None
+    video: Video | None = None  # None: photos only
     #: extra command-line spellings of options (option name -> flags), and pipeline switches
     cli_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     cli_switches: tuple[Switch, ...] = ()
@@ -101,11 +127,11 @@ class Task:
     def name(self) -> str:
         return self.spec.name
 
-    def option(self, name: str) -> opts.Option:
-        for opt in self.options:
-            if opt.name == name:
-                return opt
-        raise KeyError(name)
+    def available(self) -> bool:
+        """Shown in the page, API, CLI and video: its weights are on the Hub, or a checkpoint for
+        it is found (``$SAPIENS2_TASK_CHECKPOINTS`` / ``--checkpoint TASK=PATH``, or the release's
+        layout under ``$SAPIENS2_CHECKPOINTS``)."""
+        return self.spec.on_hub or local_checkpoint_found(self.spec)
 
     def split(
         self, values: Mapping[str, Any], gpu: bool = False, where: Callable[[opts.Option], str] | None = None
@@ -115,6 +141,11 @@ class Task:
 
     def defaults(self, gpu: bool = False) -> dict[str, Any]:
         return {o.name: o.default_for(gpu) for o in self.options}
+
+    def video_render_defaults(self) -> dict[str, Any]:
+        """Render options of a clip: the render options' defaults, then the video overrides."""
+        overrides = self.video.render_overrides if self.video else {}
+        return {o.name: o.default for o in self.options if o.stage == "render"} | dict(overrides)
 
 
 def forward_seconds(size: str, images: int = 1) -> float:
@@ -127,39 +158,75 @@ def forward_seconds(size: str, images: int = 1) -> float:
     return 0.5 + images * tflops / 50.0
 
 
+#: Env var naming per-task checkpoints (``pose=/a.safetensors,albedo=/b``); the app's and the
+#: server's ``--checkpoint TASK=PATH`` flags add to it (sapiens2.serving.checkpoints reads it).
+TASK_CHECKPOINTS_ENV = "SAPIENS2_TASK_CHECKPOINTS"
+
+
+def local_checkpoint_found(spec: TaskSpec) -> bool:
+    """A checkpoint for ``spec`` is named in ``$SAPIENS2_TASK_CHECKPOINTS`` and exists, or one of
+    its sizes sits in the release's layout under ``$SAPIENS2_CHECKPOINTS``."""
+    from ..weights import local_root
+
+    for item in os.environ.get(TASK_CHECKPOINTS_ENV, "").split(","):
+        task, sep, path = item.partition("=")
+        if sep and task.strip() == spec.name and Path(path.strip()).expanduser().exists():
+            return True
+    root = local_root()
+    return root is not None and any((root / spec.local_path(size)).is_file() for size in spec.sizes)
+
+
+def builtin_modules() -> list[str]:
+    """The task modules of this package (every module but the machinery ones), by name."""
+    package = importlib.import_module(__package__)
+    return [m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in _NOT_TASKS]
+
+
 _lock = threading.Lock()
 _tasks: dict[str, Task] = {}
+_builtin: frozenset[str] = frozenset()
 _loaded = False
 
 
 def _load_builtin() -> None:
-    global _loaded
+    global _loaded, _builtin
     with _lock:
         if _loaded:
             return
-        for module in BUILTIN:
-            task = importlib.import_module(f"{__package__}.{module}").TASK
+        modules = [importlib.import_module(f"{__package__}.{m}") for m in builtin_modules()]
+        found = [m.TASK for m in modules if isinstance(getattr(m, "TASK", None), Task)]
+        order = list(ZOO)  # tab order = the zoo's row order; rows a module adds itself go last
+        found.sort(key=lambda t: order.index(t.name) if t.name in order else len(order))
+        for task in found:
             _tasks.setdefault(task.name, task)
+        _builtin = frozenset(t.name for t in found)
         _loaded = True
 
 
-def all_tasks() -> dict[str, Task]:
-    """Every declared task by zoo name, in tab order (built-ins first, then registered ones)."""
+def declared() -> dict[str, Task]:
+    """Every declared task by zoo name, in tab order, shown or not (see :meth:`Task.available`)."""
     _load_builtin()
     with _lock:
         return dict(_tasks)
 
 
+def all_tasks() -> dict[str, Task]:
+    """The tasks to show, by zoo name, in tab order (built-ins first, then registered ones):
+    every declared task whose weights can be had here (:meth:`Task.available`)."""
+    return {name: task for name, task in declared().items() if task.available()}
+
+
 def get(name: str) -> Task:
-    """A task by zoo name or API name ("pretrain" or "features"); OptionError lists the names."""
-    tasks = all_tasks()
+    """A task by zoo name or API name ("pretrain" or "features"), shown or not; OptionError lists
+    the names."""
+    tasks = declared()
     if isinstance(name, str):
         if name in tasks:
             return tasks[name]
         for task in tasks.values():
             if task.api_name == name:
                 return task
-    names = ", ".join(t.api_name for t in tasks.values())
+    names = ", ".join(t.api_name for t in all_tasks().values())
     raise OptionError(f"Unknown task {name!r}; choose one of: {names}.")
 
 
@@ -179,7 +246,7 @@ def unregister(name: str) -> None:
     """Remove a registered task and its zoo row (tests; built-ins stay)."""
     with _lock:
         task = _tasks.get(name)
-        if task is None or name in {importlib.import_module(f"{__package__}.{m}").TASK.name for m in BUILTIN}:
+        if task is None or name in _builtin:
             return
         del _tasks[name]
         if ZOO.get(name) is task.spec:
@@ -187,14 +254,18 @@ def unregister(name: str) -> None:
 
 
 __all__ = [
-    "BUILTIN",
+    "TASK_CHECKPOINTS_ENV",
     "Compare",
     "Switch",
     "Task",
+    "Video",
     "View",
     "all_tasks",
+    "builtin_modules",
+    "declared",
     "forward_seconds",
     "get",
+    "local_checkpoint_found",
     "register",
     "unregister",
 ]

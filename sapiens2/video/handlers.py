@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import OptionError
 from ..export import safe_path
 from ..render import draw_pose, pose_style
+from ..tasks import registry
 from .depth import foreground_depth, global_depth_bounds, render_depth_frame
 from .exports import (
     PoseFrame,
@@ -81,13 +82,11 @@ class FrameHandler:
         return {}
 
 
-# per task: result attribute -> dtype it is kept in (None: as it is)
-RAW_FIELDS: dict[str, dict[str, Any]] = {
-    "seg": {"labels": None},
-    "normal": {"normals": np.float16, "mask": None},
-    "matting": {"alpha": np.float16},
-    "pointmap": {"depth": np.float32, "mask": None},
-}
+def raw_fields(task: str) -> dict[str, Any]:
+    """The arrays a clip of ``task`` keeps per frame: result attribute -> dtype (None: as it is),
+    from the task's declaration (``Task.video.raw_fields``)."""
+    video = registry.get(task).video
+    return dict(video.raw_fields) if video else {}
 
 
 class DenseFrames(FrameHandler):
@@ -96,7 +95,7 @@ class DenseFrames(FrameHandler):
     def __init__(self, task: str, render_options: Mapping[str, Any], raw_cap: int) -> None:
         super().__init__(render_options, raw_cap)
         self.task = task
-        self.fields = RAW_FIELDS.get(task, {})
+        self.fields = raw_fields(task)
 
     def keep_raw(self, result: Any) -> None:
         arrays = {}
@@ -210,6 +209,8 @@ def label_tracks(canvas: np.ndarray, boxes: np.ndarray, track_ids: list[int]) ->
 class PoseFrames(FrameHandler):
     """Pose with tracks: detector every K frames, tracker between, One-Euro on each track."""
 
+    task = "pose"  # the declaration whose render defaults it starts from
+
     def __init__(
         self,
         render_options: Mapping[str, Any],
@@ -218,13 +219,7 @@ class PoseFrames(FrameHandler):
         detect: Detect,
         detect_many: DetectMany | None = None,
     ) -> None:
-        opts = {
-            "threshold": 0.3,
-            "show_face": True,
-            "body_only": False,
-            "show_boxes": False,
-            "show_ids": True,
-        }
+        opts = registry.get(self.task).video_render_defaults()  # the declaration's, plus video's
         unknown = set(render_options) - set(opts)
         if unknown:
             raise OptionError(

@@ -1,0 +1,159 @@
+"""The network input made from a photo, and the geometry that maps outputs back.
+
+* The release's inputs as uint8 on the CPU (the pipelines' ``prepare``): :func:`stretch_release`
+  (segmentation), :func:`letterbox_release` with its :class:`PadInfo` (normal, pointmap, albedo),
+  :func:`stretch_antialiased` (matting).
+* On the model's device: :func:`network_batch` uploads uint8 inputs once and normalises them
+  there (:func:`to_device`, :func:`normalize`).
+* Back to the photo: :func:`crop_padding` (the letterbox padding off an output at any
+  resolution) and :func:`resize_to`.
+
+Person crops for top-down pose live in ``sapiens2.tasks.pose_crops``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import InputImageError
+from .zoo import IMAGE_MEAN, IMAGE_STD, INPUT_SIZE
+
+_MEAN = torch.tensor(IMAGE_MEAN, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+_STD = torch.tensor(IMAGE_STD, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+
+
+def to_device(img: np.ndarray | torch.Tensor, device: str | torch.device | None = None) -> torch.Tensor:
+    """(H, W, 3) uint8 array/tensor or (B, 3, H, W) tensor -> (B, 3, H, W) tensor on ``device``.
+
+    Uploads the bytes as they are (uint8 is 4x less traffic than float32) and converts there.
+    """
+    if isinstance(img, np.ndarray):
+        arr = np.ascontiguousarray(img)
+        if not arr.flags.writeable:  # torch would warn on read-only memory (e.g. a cached photo)
+            arr = arr.copy()
+        t = torch.from_numpy(arr)
+    else:
+        t = img
+    if t.ndim == 3:
+        t = t.permute(2, 0, 1).unsqueeze(0)
+    if t.ndim != 4 or t.shape[1] != 3:
+        raise InputImageError(
+            f"Expected an (H, W, 3) image or a (B, 3, H, W) batch, got shape {tuple(t.shape)}."
+        )
+    return t.to(device) if device is not None else t
+
+
+def normalize(img: np.ndarray | torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(x/255 - mean)/std`` with the ImageNet mean/std the weights expect; (B, 3, H, W) out.
+
+    Takes uint8 (or float in 0-255) as (B, 3, H, W) or (H, W, 3); computed in float32 on the
+    tensor's own device, returned in ``dtype``.
+    """
+    x = to_device(img).float()
+    mean, std = _MEAN.to(x.device), _STD.to(x.device)
+    return ((x - mean) / std).to(dtype)
+
+
+@dataclass(frozen=True)
+class PadInfo:
+    """Where the resized image sits inside the letterboxed network input."""
+
+    top: int
+    left: int
+    inner_hw: tuple[int, int]  # size of the resized image inside the canvas
+    canvas_hw: tuple[int, int]  # network input size
+    source_hw: tuple[int, int]  # size of the image that was letterboxed
+
+    @property
+    def bottom(self) -> int:
+        return self.canvas_hw[0] - self.top - self.inner_hw[0]
+
+    @property
+    def right(self) -> int:
+        return self.canvas_hw[1] - self.left - self.inner_hw[1]
+
+
+def pad_info(source_hw: tuple[int, int], hw: tuple[int, int] = INPUT_SIZE) -> PadInfo:
+    """The release's letterbox geometry: ``scale = min(W / w, H / h)``, new size ``int(w * scale)``
+    (truncated, as the release does; rounding shifts landscape photos by a pixel), centred with
+    top/left = pad // 2. Sizes are kept >= 1 so a 2x10000 strip still has a row."""
+    h, w = source_hw
+    scale = min(hw[1] / w, hw[0] / h)  # the release's expression, so float ties truncate alike
+    ih, iw = min(hw[0], max(1, int(h * scale))), min(hw[1], max(1, int(w * scale)))
+    return PadInfo((hw[0] - ih) // 2, (hw[1] - iw) // 2, (ih, iw), tuple(hw), (h, w))
+
+
+# --- the release's network inputs made on the CPU as uint8 (the stages' ``prepare``) ---------
+
+
+def stretch_release(img: np.ndarray, hw: tuple[int, int] = INPUT_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> ``hw`` uint8, aspect ignored, with the release's segmentation rule:
+    ``cv2.INTER_AREA`` when the width shrinks, ``cv2.INTER_CUBIC`` otherwise."""
+    flag = cv2.INTER_AREA if hw[1] < img.shape[1] else cv2.INTER_CUBIC
+    return cv2.resize(np.ascontiguousarray(img), (hw[1], hw[0]), interpolation=flag)
+
+
+def letterbox_release(img: np.ndarray, hw: tuple[int, int] = INPUT_SIZE) -> tuple[np.ndarray, PadInfo]:
+    """(H, W, 3) uint8 -> (``hw``, 3) uint8 canvas: :func:`pad_info`'s size, ``cv2.INTER_LINEAR``,
+    zero padding (the normalised tensor then reads ``-mean/std`` there, as in the release)."""
+    pad = pad_info(img.shape[:2], hw)
+    inner = cv2.resize(np.ascontiguousarray(img), pad.inner_hw[::-1], interpolation=cv2.INTER_LINEAR)
+    canvas = np.zeros((*hw, 3), np.uint8)
+    canvas[pad.top : pad.top + pad.inner_hw[0], pad.left : pad.left + pad.inner_hw[1]] = inner
+    return canvas, pad
+
+
+def stretch_antialiased(img: np.ndarray, hw: tuple[int, int] = INPUT_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> ``hw`` uint8 the way transformers' Sapiens2 processor does (matting's
+    only published path): torchvision's bilinear resize with antialias on the uint8 image, which
+    is torch's own uint8 antialiased bilinear on the CPU."""
+    arr = np.ascontiguousarray(img)
+    t = torch.from_numpy(arr if arr.flags.writeable else arr.copy()).permute(2, 0, 1)[None]
+    if tuple(t.shape[-2:]) != tuple(hw):
+        t = F.interpolate(t, size=hw, mode="bilinear", align_corners=False, antialias=True)
+    return np.ascontiguousarray(t[0].permute(1, 2, 0).numpy())
+
+
+def network_batch(
+    images: list[np.ndarray], device: str | torch.device | None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Prepared (h, w, 3) uint8 inputs of one size -> normalised (B, 3, h, w) on ``device``: the
+    bytes travel as uint8 (4x less than float) and are normalised there."""
+    batch = torch.from_numpy(np.stack(images))  # a fresh, writable array
+    return normalize(to_device(batch.permute(0, 3, 1, 2), device), dtype)
+
+
+def resize_to(t: torch.Tensor, out_hw: tuple[int, int], mode: str = "bilinear") -> torch.Tensor:
+    """Resize (B, C, H, W) to ``out_hw`` (no-op when equal); bilinear uses half-pixel centres."""
+    if tuple(t.shape[-2:]) == tuple(out_hw):
+        return t
+    if mode == "nearest":
+        return F.interpolate(t, size=out_hw, mode="nearest-exact")
+    return F.interpolate(t, size=out_hw, mode=mode, align_corners=False)
+
+
+def crop_padding(t: torch.Tensor, pad: PadInfo) -> torch.Tensor:
+    """The letterbox padding cut off a (..., H, W) output (geometry scaled to its resolution)."""
+    fy, fx = t.shape[-2] / pad.canvas_hw[0], t.shape[-1] / pad.canvas_hw[1]
+    top, left = round(pad.top * fy), round(pad.left * fx)
+    ih, iw = max(1, round(pad.inner_hw[0] * fy)), max(1, round(pad.inner_hw[1] * fx))
+    return t[..., top : top + ih, left : left + iw]
+
+
+__all__ = [
+    "PadInfo",
+    "crop_padding",
+    "letterbox_release",
+    "network_batch",
+    "normalize",
+    "pad_info",
+    "resize_to",
+    "stretch_antialiased",
+    "stretch_release",
+    "to_device",
+]

@@ -1,0 +1,125 @@
+"""The body-part segmentation other tasks borrow for their foreground (normal, pointmap, albedo).
+
+:class:`SegMaskedPipeline` is the base of those tasks: the letterboxed input of the release
+(shared by all three) plus, when a request asks for the person mask, the seg model's own input;
+its compact logits come back from ``infer`` and are resized to the photo in ``finish``.
+:class:`LazySeg` holds the borrowed pipeline without keeping a server's model alive.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from ..errors import CheckpointError, OptionError, WeightsUnavailableError
+from ..imaging import Intake
+from ..network_input import letterbox_release, stretch_release
+from ..zoo import get_task
+from .base import Pipeline
+from .dense import DensePrep
+from .seg import SegPipeline
+
+SegSource = SegPipeline | Callable[[], SegPipeline] | None
+
+
+class LazySeg:
+    """The SegPipeline an owner borrows: given, from a factory, or loaded next to the owner.
+
+    A factory is called on every use and its result never kept: the factory's owner (e.g. the
+    server's model manager) must stay free to evict or trim that model, and a private copy here
+    would keep it alive. Only a pipeline given directly or built here is kept. A failed load
+    (weights missing, bad file) is not remembered, so a later call can succeed.
+    """
+
+    def __init__(self, source: SegSource, owner: Pipeline) -> None:
+        if source is not None and not (isinstance(source, SegPipeline) or callable(source)):
+            raise OptionError(
+                f"seg must be a SegPipeline, a function returning one, or None; got {type(source).__name__}."
+            )
+        self._factory = None if isinstance(source, SegPipeline) else source
+        self._owner = owner
+        self._pipe: SegPipeline | None = source if isinstance(source, SegPipeline) else None
+        self._lock = threading.Lock()  # concurrent first requests load the model once
+
+    def get(self) -> SegPipeline:
+        if self._factory is not None:
+            pipe = self._factory()
+            if not isinstance(pipe, SegPipeline):
+                raise OptionError(f"The seg factory must return a SegPipeline; got {type(pipe).__name__}.")
+            return pipe
+        with self._lock:
+            if self._pipe is None:
+                own = self._owner
+                size = own.size if own.size in get_task("seg").sizes else None
+                self._pipe = SegPipeline(size, device=own.device, dtype=own.dtype)
+            return self._pipe
+
+
+class SegMaskedPipeline(Pipeline):
+    """Base of the tasks that borrow the body-part segmentation for their foreground (normal,
+    pointmap). ``seg``: a SegPipeline, a zero-argument function returning one (called on every
+    use, result not kept), or None to load the seg model of the same size when first needed.
+
+    The borrowed model fits the stages: ``prepare`` adds the seg model's own input (the
+    release's stretch, uint8) to the prep, ``infer`` runs it after the task's forward and returns
+    its compact logits, ``finish`` resizes them to the photo (:meth:`foreground`).
+    """
+
+    #: what the notice says is done instead when the seg model is unavailable
+    seg_fallback: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        size: str | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        checkpoint: str | Path | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        seg: SegSource = None,
+    ) -> None:
+        super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
+        self.seg = LazySeg(seg, self)
+
+    def _seg_pipe(self, notices: list[str]) -> SegPipeline | None:
+        """The borrowed pipeline, or None with a notice naming the cause and the fallback."""
+        try:
+            return self.seg.get()
+        except (WeightsUnavailableError, CheckpointError) as err:
+            notices.append(
+                f"No person mask: the segmentation model is unavailable ({err}) {self.seg_fallback}"
+            )
+            return None
+
+    def prepare_dense(self, intake: Intake, with_seg: bool) -> DensePrep:
+        """Letterboxed uint8 input (the release's rule) and, when asked, the seg model's input."""
+        pixels, pad = letterbox_release(intake.work, self.network_hw)
+        prep = DensePrep(pixels, pad)
+        if with_seg and (pipe := self._seg_pipe(prep.notices)) is not None:
+            prep.seg = stretch_release(intake.work, pipe.network_hw)
+        return prep
+
+    def infer_seg(self, batch: list[DensePrep], raws: list[Any]) -> None:
+        """Borrowed segmentation of the preps that carry a seg input: ``raw.seg`` (compact logits)."""
+        for raw, prep in zip(raws, batch, strict=True):
+            raw.notices += prep.notices
+        todo = [i for i, p in enumerate(batch) if p.seg is not None]
+        if not todo:
+            return
+        notices: list[str] = []
+        pipe = self._seg_pipe(notices)
+        for i in todo:
+            raws[i].notices += notices
+        if pipe is not None:
+            found = pipe.seg_logits([batch[i].seg for i in todo], [raws[i] for i in todo])
+            for i, logits in zip(todo, found, strict=True):
+                raws[i].seg = logits
+
+    @staticmethod
+    def foreground(raw: Any, out_hw: tuple[int, int]) -> torch.Tensor | None:
+        """(H, W) bool on the CPU, True off the background class; None without segmentation."""
+        return None if raw.seg is None else raw.seg.labels(out_hw) != 0
