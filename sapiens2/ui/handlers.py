@@ -35,7 +35,7 @@ from ..errors import (
 from ..options import Option
 from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, is_out_of_memory
 from ..tasks.registry import Task
-from .gpu import device_call
+from .gpu import device_call, device_many
 
 log = logging.getLogger("sapiens2.app")
 
@@ -94,7 +94,9 @@ class Runner:
 
     def __init__(self, manager: ModelManager, folders: RequestFolders | None = None) -> None:
         self.manager = manager
-        self.requests = RequestRunner(manager, folders, device_call(manager), announce=gr.Info)
+        self.requests = RequestRunner(
+            manager, folders, device_call(manager), announce=gr.Info, device_many=device_many(manager)
+        )
 
     def __call__(self, task: str, photo: Any, size: str | None, **options: Any) -> Presented:
         with reported(self.manager):
