@@ -470,7 +470,7 @@ def test_all_tasks_with_40_s_left_keeps_what_ran_and_says_why(
     assert run["done"] and run["skipped"], run
     message = next(iter(run["skipped"].values()))
     assert len(set(run["skipped"].values())) == 1  # one line for all of them
-    assert f"{first['requested_s']} s requested vs. 40 s left" in message and "Not run:" in message
+    assert f"{first['requested_s']} s requested vs. 30 s left" in message and "Not run:" in message
     assert "Log in" in message
 
 
