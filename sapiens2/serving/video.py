@@ -48,10 +48,12 @@ MAX_BATCH = 8
 #: Multiply-accumulates per second of a 0.4b forward on this project's 2-core CPU: pointmap at
 #: 1024x768 (1.26 T MACs) took 41.5 s a frame in ``python bench/video.py`` (docs/VIDEO.md).
 CPU_MACS_PER_S = 3.0e10
-#: Seconds a frame costs on a CPU outside the model (decode, prepare, finish, render, VP8 for the
-#: result and the source video): 0.5 s measured per 720p pose frame on this 2-core machine with a
-#: tiny model (so nearly all of it is this overhead); added to the model's MACs estimate.
-CPU_FRAME_OVERHEAD_S = 0.5
+#: Seconds a frame costs on a CPU beyond the backbone's parameters x tokens: the heads and
+#: resizes at the network's 1024x768 input, prepare/finish, render and two VP8 encodes. Measured
+#: with tiny checkpoints (backbone cost about 0) on this 2-core machine while six jobs shared it:
+#: 4.3-6.0 s a frame for seg and pose, 720p and 360p alike (/tmp/zg_cpu.py in the issue-20 notes).
+#: Without it the estimate said "about 1 s" for a run that took 17 s (issue 21).
+CPU_FRAME_OVERHEAD_S = 5.0
 #: ESTIMATE: seconds of GPU for one person detection (DETR-ResNet-50 at 800 px: about 0.09 TFLOP,
 #: milliseconds at gpu_time.SUSTAINED_TFLOPS; the rest is its pre/post-processing).
 DETECT_GPU_S = 0.25
@@ -102,6 +104,13 @@ class VideoJob:
     render_opts: dict[str, Any]
     tracking: TrackingOptions
     reduced: str | None = None  # why the plan was reduced to fit the GPU quota (said before it runs)
+    take: int | None = None  # only the first frames (after the stride): a plan cut to the quota
+
+    @property
+    def frames(self) -> int:
+        """Frames the run will process (the server's limit when the header gives no count)."""
+        n = self.plan.frames or self.limits.max_frames
+        return n if self.take is None else min(n, self.take)
 
     @property
     def frame_pixels(self) -> int:
@@ -203,34 +212,34 @@ class VideoRequests:
     def fitted(self, job: VideoJob, quota_s: int | None = None) -> VideoJob:
         """``job``, or a reduced plan when its one GPU call would request more than
         ``quota_s`` seconds of quota (default: what a visitor without an account can start):
-        a larger stride first (the whole clip stays covered), then fewer frames."""
-        if self._fits(job, job.plan.frames, quota_s):
+        a larger stride first (the whole clip stays covered), then only the first frames."""
+        if self._fits(job, job.frames, quota_s):
             return job
-        frames, stride = job.plan.frames or job.limits.max_frames, job.plan.stride
+        total = job.plan.frames or job.limits.max_frames
+        stride, frames = job.plan.stride, job.frames
+        plan = job.plan
         if quota_s is None:
-            while stride < MAX_AUTO_STRIDE:
+            while stride < MAX_AUTO_STRIDE and not self._fits(job, frames, quota_s):
                 stride += 1
-                frames = math.ceil((job.plan.frames or job.limits.max_frames) * job.plan.stride / stride)
-                if self._fits(job, frames, quota_s):
-                    break
+                frames = math.ceil(total * job.plan.stride / stride)
+            plan = plan_video(job.clip, stride=stride, limits=job.limits)
         while frames > 1 and not self._fits(job, frames, quota_s):
             frames -= 1
-        limits = replace(job.limits, max_frames=max(1, min(frames, job.limits.max_frames)))
-        plan = plan_video(job.clip, stride=stride, limits=limits)
-        before = job.plan.frames
         why = (
             f"your ZeroGPU quota has {quota_s} s left"
             if quota_s is not None
             else "one GPU call must fit the 120 s of ZeroGPU quota a visitor without an account has"
         )
+        take = frames if frames < (plan.frames or job.limits.max_frames) else None
+        first = f"the first {frames}" if take else str(frames)
         reduced = (
-            f"Reduced to {plan.frames} frames (every {stride} frame(s)) from {before or 'all'} "
+            f"Reduced to {first} frames (every {stride} frame(s)) from {job.frames} "
             f"(every {job.plan.stride}): {why}."
         )
-        return replace(job, plan=plan, limits=limits, reduced=reduced)
+        return replace(job, plan=plan, reduced=reduced, take=take)
 
-    def _fits(self, job: VideoJob, frames: int | None, quota_s: int | None) -> bool:
-        seconds = self.clip_work(job, frames or job.limits.max_frames) + start_seconds(self._resident(job))
+    def _fits(self, job: VideoJob, frames: int, quota_s: int | None) -> bool:
+        seconds = self.clip_work(job, frames) + start_seconds(self._resident(job))
         if quota_s is None:
             return seconds <= MAX_CALL_S
         return gpu_request(seconds).charged_s <= quota_s
@@ -266,10 +275,10 @@ class VideoRequests:
 
     def clip_seconds(self, job: VideoJob) -> int:
         """The GPU seconds the clip's one call requests (the one reservation function)."""
-        return reservation(self.clip_work(job, job.plan.frames or job.limits.max_frames), self._resident(job))
+        return reservation(self.clip_work(job, job.frames), self._resident(job))
 
     def estimate(self, job: VideoJob) -> Estimate:
-        frames = job.plan.frames
+        frames = job.frames if job.plan.frames is not None else None
         cpu_s, basis = (None, "GPU") if self.manager.cuda else self.cpu_seconds(job)
         return Estimate(frames, MAX_BATCH, self.clip_seconds(job), 1, cpu_s, basis, job.reduced)
 
@@ -334,12 +343,12 @@ class VideoRequests:
                 result = self._run_clip(job, progress)
             except GpuUnavailableError as err:
                 smaller = self.fitted(job, err.left_s) if err.quota and err.left_s else None
-                if smaller is None or not self._fits(smaller, smaller.plan.frames, err.left_s):
+                if smaller is None or not self._fits(smaller, smaller.frames, err.left_s):
                     raise
                 if self.announce is not None and smaller.reduced:
                     self.announce(smaller.reduced)
                 result = self._run_clip(smaller, progress)
-                planned = job.plan.frames or "all"
+                planned = job.frames
                 result.notices.insert(0, f"Only {result.frames} of {planned} frames were processed. {err}")
                 result.details["gpu_refused"] = str(err)
         self._remember(job, result)
@@ -355,7 +364,7 @@ class VideoRequests:
             "clip": job.clip, "out_dir": str(self.folders.new()), "stride": job.plan.stride,
             "limits": job.limits, "batch_size": MAX_BATCH,
             "render_options": video_render_options(job.task, job.render_opts), "tracking": job.tracking,
-            "source_video": True, "budget_s": budget,
+            "source_video": True, "budget_s": budget, "take": job.take,
         }  # fmt: skip
         result = None
         for item in self.device_video(job.task.name, job.size, spec, job.infer_opts, seconds):

@@ -214,6 +214,7 @@ def _process(
     batch_size: int,
     state: dict[str, Any],
     budget_s: float | None,
+    take: int | None = None,
 ) -> Iterator[int]:
     """Every batch through the pipeline into the writer (and the frames read into the source
     writer, when there is one), yielding the frames done after each; ``state`` keeps the frames
@@ -222,6 +223,8 @@ def _process(
     writer, source = writers
     t0 = time.perf_counter()
     frames = iter_frames(plan.info, stride=plan.stride, limits=limits)
+    if take is not None:
+        frames = islice(frames, take)  # the first ``take`` frames (a plan cut to the quota)
     for batch in _batches(frames, batch_size, timing):
         done = state["done"]
         state["size"] = state["size"] if done else (batch[0][1].shape[1], batch[0][1].shape[0])
@@ -281,10 +284,12 @@ def iter_video(
     source_video: bool = False,
     name: str | None = None,
     budget_s: float | None = None,
+    take: int | None = None,
 ) -> Iterator[tuple[int, int | None] | VideoResult]:
     """Run ``pipe`` (a task pipeline) on every ``stride``-th frame of the clip at ``source``,
     yielding ``(frames done, frames planned)`` after every batch, then the :class:`VideoResult`.
-    ``budget_s``: stop before the next batch would pass this many seconds. A device error after
+    ``budget_s``: stop before the next batch would pass this many seconds. ``take``: process
+    only the first ``take`` frames (after the stride). A device error after
     some frames, or the budget, ends the clip early: the frames done are kept (a playable video
     and its downloads) with a notice saying why.
 
@@ -304,6 +309,10 @@ def iter_video(
     task = task or getattr(pipe, "task", None)
     opts = _checked(task, batch_size, options)
     plan = plan_video(source, stride=stride, limits=limits)
+    if take is not None:
+        if isinstance(take, bool) or not isinstance(take, int) or take < 1:
+            raise OptionError(f"take must be a whole number of frames >= 1, got {take!r}.")
+        plan = VideoPlan(plan.info, plan.stride, take if plan.frames is None else min(plan.frames, take))
     stages = staged(pipe)
     handler = _handler(
         task, pipe, opts, render_options or {}, detect=detect, detect_many=detect_many, tracking=tracking,
@@ -321,7 +330,7 @@ def iter_video(
         with writer, source or contextlib.nullcontext():
             for done in _process(
                 plan, limits, stages, infer or stages.infer, handler, (writer, source), opts, timing,
-                batch_size, state, budget_s,
+                batch_size, state, budget_s, take,
             ):  # fmt: skip
                 yield done, plan.frames
             video = writer.close()
