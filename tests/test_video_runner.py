@@ -197,7 +197,7 @@ def test_stride_keeps_the_duration(tmp_path: Path) -> None:
     assert n == 3 and fps == pytest.approx(10.0 / 3, rel=1e-3)
     labels = np.load(result.files[1])["labels"]
     assert labels.shape == (3, 64, 96) and labels.dtype == np.uint8
-    assert any("Every 3th frame" in n for n in result.notices)
+    assert any("One frame in 3 was processed" in n for n in result.notices)
 
 
 def test_pointmap_uses_one_colour_scale_for_the_clip(tmp_path: Path) -> None:

@@ -397,7 +397,7 @@ def _notices(plan: VideoPlan, size: tuple[int, int], handler: FrameHandler) -> l
         )
     if plan.stride > 1:
         notes.append(
-            f"Every {plan.stride}th frame was processed; the output plays at {plan.fps_out:.3g} fps so its "
+            f"One frame in {plan.stride} was processed; the output plays at {plan.fps_out:.3g} fps so its "
             "duration matches the clip."
         )
     if has_audio(info.path):
