@@ -518,3 +518,29 @@ def test_video_with_40_s_left_returns_the_frames_that_fit(tmp_path: Path, quota_
     notice = run["summary"]["notices"][0]
     assert f"{refused['requested_s']} s requested vs. 40 s left" in notice and "Only" in notice
     assert Path(run["video"]).stat().st_size > 0
+
+
+def test_all_tasks_keeps_the_tasks_done_when_the_gpu_fails_partway(tiny_checkpoints, tmp_path: Path) -> None:
+    """The one admission streams each task's raws: when the worker is aborted after two tasks,
+    both are presented and the others get one error saying which and why."""
+    import numpy as np
+
+    from sapiens2 import serving
+    from sapiens2.errors import GpuUnavailableError
+    from sapiens2.serving.runner import many_on_device
+
+    manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+
+    def aborted_after_two(jobs, seconds):
+        for i, value in many_on_device(manager, jobs):
+            if i == 2:
+                raise zerogpu.gpu_unavailable("ZeroGPU worker error", "GPU task aborted")
+            yield i, value
+
+    requests = serving.RequestRunner(manager, serving.RequestFolders(tmp_path), device_many=aborted_after_two)
+    photo = np.zeros((48, 32, 3), np.uint8)
+    shown = requests.run_all(photo, {t: (None, {}) for t in ("seg", "normal", "matting", "pretrain")})
+    assert all(isinstance(shown[t], serving.Presented) for t in ("seg", "normal"))
+    rest = [shown["matting"], shown["pretrain"]]
+    assert all(isinstance(e, GpuUnavailableError) for e in rest) and rest[0] is rest[1]
+    assert str(rest[0]).startswith("Not run: Matting, Features.") and "GPU task aborted" in str(rest[0])
