@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class Sapiens2Error(Exception):
     """Base class: anything the package raises on purpose."""
@@ -50,3 +52,22 @@ class ResidencyError(WeightsUnavailableError):
     """Device work (a GPU function, a ZeroGPU worker) needed weights the server had not loaded
     first: it never loads them itself. A kind of unavailability, so that the fallbacks for missing
     optional weights (the person detector, a borrowed segmentation) apply, with this message."""
+
+
+class GpuUnavailableError(Sapiens2Error, RuntimeError):
+    """ZeroGPU did not run (or did not finish) a GPU call: the visitor's quota is short
+    (``requested_s`` and ``left_s`` as spaces reports them, seconds of quota), no GPU was free, or
+    the worker was aborted. The message says which, and what helps."""
+
+    def __init__(self, message: str, *, requested_s: int | None = None, left_s: int | None = None,
+                 wait: str | None = None, quota: bool = False) -> None:  # fmt: skip
+        super().__init__(message)
+        self.requested_s, self.left_s, self.wait, self.quota = requested_s, left_s, wait, quota
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        kw = {"requested_s": self.requested_s, "left_s": self.left_s, "wait": self.wait, "quota": self.quota}
+        return (_rebuild_gpu_error, (str(self), kw))
+
+
+def _rebuild_gpu_error(message: str, kw: dict[str, Any]) -> GpuUnavailableError:
+    return GpuUnavailableError(message, **kw)

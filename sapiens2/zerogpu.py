@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from .errors import Sapiens2Error
+from .errors import GpuUnavailableError, Sapiens2Error
 
 log = logging.getLogger(__name__)
 
@@ -268,10 +269,12 @@ class GpuEntry(Generic[R]):
         *,
         gpu_size: GpuSize | None = None,
         zero_gpu: bool | None = None,
+        generator: bool = False,
     ) -> None:
         self.fn = fn
         self.duration = duration
         self.gpu_size = gpu_size
+        self.generator = generator  # fn yields: one admission streams every value it yields
         self.zero_gpu = zero_gpu_enabled() if zero_gpu is None else bool(zero_gpu)
         self._lock = threading.Lock()
         self._current = 0
@@ -284,15 +287,34 @@ class GpuEntry(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if not self.zero_gpu:
             return self.fn(*args, **kwargs)
+        if self.generator:
+            return self._stream(args, kwargs)  # type: ignore[return-value]
         gen = self._enter()
         outcome: _Outcome | None = None
         try:
-            outcome = gen.call(*args, **kwargs)
+            outcome = _spaces_call(gen.call, *args, **kwargs)
         finally:
             self._leave(gen, outcome.pid if isinstance(outcome, _Outcome) else None)
         if outcome.error is not None:
             raise outcome.error
         return outcome.value
+
+    def _stream(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Any]:
+        """One admission for everything ``fn`` yields; values arrive as the worker yields them."""
+        gen = self._enter()
+        pid: int | None = None
+        try:
+            stream = _spaces_call(gen.call, *args, **kwargs)
+            while True:
+                outcome = _spaces_call(next, stream, None)
+                if outcome is None:
+                    return
+                pid = outcome.pid
+                if outcome.error is not None:
+                    raise outcome.error
+                yield outcome.value
+        finally:
+            self._leave(gen, pid)
 
     @property
     def generation(self) -> int:
@@ -327,6 +349,11 @@ class GpuEntry(Generic[R]):
 
         def run_in_worker(*args: Any, **kwargs: Any) -> _Outcome:
             return _run_in_worker(fn, args, kwargs)
+
+        if self.generator:
+
+            def run_in_worker(*args: Any, **kwargs: Any) -> Iterator[_Outcome]:  # type: ignore[misc]
+                yield from _stream_in_worker(fn, args, kwargs)
 
         run_in_worker.__name__ = getattr(fn, "__name__", "gpu_call")
         run_in_worker.__qualname__ = getattr(fn, "__qualname__", run_in_worker.__name__)
@@ -367,6 +394,61 @@ def _run_in_worker(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
         if not isinstance(err, Sapiens2Error):
             log.exception("GPU call failed")
         return _Outcome(os.getpid(), error=_portable(err))
+
+
+def _stream_in_worker(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Iterator[_Outcome]:
+    """Runs in the worker: every value ``fn`` yields, then its error object if it fails."""
+    global _in_worker
+    _in_worker = True
+    try:
+        for value in fn(*args, **kwargs):
+            yield _Outcome(os.getpid(), value=value)
+    except Exception as err:
+        if not isinstance(err, Sapiens2Error):
+            log.exception("GPU call failed")
+        yield _Outcome(os.getpid(), error=_portable(err))
+
+
+_ASKED_LEFT = re.compile(r"\((\d+)s requested vs\. (\d+)s left\)")
+_WAIT = re.compile(r"Try again in ([0-9:]+)")
+
+
+def _spaces_call(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, with spaces' own errors (a refused schedule, an aborted worker: ``gr.Error``
+    raised before or around the worker) turned into :class:`GpuUnavailableError`."""
+    try:
+        return fn(*args)
+    except Sapiens2Error:
+        raise
+    except Exception as err:
+        if type(err).__name__ not in ("Error", "HTMLError") or not hasattr(err, "title"):
+            raise
+        raise gpu_unavailable(
+            str(getattr(err, "title", "") or ""), str(getattr(err, "message", err))
+        ) from None
+
+
+def gpu_unavailable(title: str, message: str) -> GpuUnavailableError:
+    """A package error for spaces' refusal ``title``/``message``: what happened, with the seconds
+    requested and left when spaces gives them, and what helps."""
+    asked_left = _ASKED_LEFT.search(message)
+    wait = _WAIT.search(message)
+    q = DAILY_QUOTA_S
+    helps = (
+        f"Log in for a larger daily quota ({q['free']} s with a free account, {q['pro']} s with PRO), "
+        f"wait for your quota to refill{f' (in {wait.group(1)})' if wait else ''}, or choose a smaller "
+        "size, fewer tasks or fewer frames."
+    )
+    if asked_left:
+        asked, left = int(asked_left.group(1)), int(asked_left.group(2))
+        why = f"ZeroGPU quota: {asked} s requested vs. {left} s left."
+        return GpuUnavailableError(f"{why} {helps}", requested_s=asked, left_s=left,
+                                   wait=wait.group(1) if wait else None, quota=True)  # fmt: skip
+    quota = "quota" in title.lower() or "limit" in message.lower()
+    why = f"ZeroGPU: {message.strip() or title}".rstrip(". ") + "."
+    return GpuUnavailableError(f"{why} {helps if quota else 'Try again in a moment.'}", quota=quota)
 
 
 def _portable(err: Exception) -> Exception:

@@ -74,7 +74,9 @@ class TaskSpec:
     def filename(self, size: str) -> str:
         """The original release file name (the Hub repos also hold ``model.safetensors``)."""
         self.check_size(size)
-        return f"sapiens2_{size}_{self.name}.safetensors"
+        # the release writes "1b_4k" in file names ("sapiens2_1b_4k_pretrain.safetensors"); the
+        # size keeps its hyphen everywhere else (repo ids, the API)
+        return f"sapiens2_{size.replace('-', '_')}_{self.name}.safetensors"
 
     def local_path(self, size: str) -> str:
         """Relative path under ``$SAPIENS2_CHECKPOINTS`` (the release's folder layout)."""

@@ -165,40 +165,54 @@ def test_the_endpoints_are_described_for_api_and_mcp_callers(server: Server) -> 
 # ----------------------------------------------------------------------------- GPU calls and estimates
 
 
-class CountingCalls:
-    """A device call that records each call and runs the step like the app's GPU entry does."""
+class CountingClips:
+    """A clip device call that records each call and runs it like the app's GPU entry does."""
 
     def __init__(self, manager: serving.ModelManager) -> None:
         self.manager = manager
-        self.calls: list[tuple[str, int, int]] = []  # (step, items, seconds)
+        self.calls: list[tuple[str, int]] = []  # (task, seconds)
 
-    def __call__(
-        self, task: str, size: str, items: list, opts: dict, seconds: int, step: str = "infer"
-    ) -> list:
-        self.calls.append((step, len(items), seconds))
-        return run_step(self.manager, task, size, items, opts, step)
+    def __call__(self, task: str, size: str, spec: dict, opts: dict, seconds: int) -> Any:
+        self.calls.append((task, seconds))
+        return video_serving.video_on_device(self.manager, task, size, spec, opts, seconds)
 
 
 @pytest.mark.parametrize("task", ["pose", "seg"])
-def test_one_gpu_call_per_batch_with_a_duration_that_fits_the_quota(
-    tiny_checkpoints, tmp_path: Path, monkeypatch, task: str
+def test_one_device_call_per_clip_with_a_duration_that_fits_the_quota(
+    tiny_checkpoints, tmp_path: Path, task: str
 ) -> None:
-    monkeypatch.setattr(video_serving, "MAX_BATCH", 3)
     clip = write_clip(tmp_path / "c.webm", n=7, fps=FPS)
     manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
-    calls = CountingCalls(manager)
-    requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "req"), calls)
+    calls = CountingClips(manager)
+    requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "req"), device_video=calls)
     job = requests.job(task, str(clip), tracking=TrackingOptions(detect_every=2))
-    estimate = requests.estimate(job)
-    result = requests.run(job)
-    forwards = [c for c in calls.calls if c[0] == "infer"]
-    assert [n for _, n, _ in forwards] == [3, 3, 1] and result.frames == 7
-    detections = [n for step, n, _ in calls.calls if step == "detect"]
-    assert detections == ([2, 1, 1] if task == "pose" else [])  # frames 0 2 | 4 | 6, one call a batch
-    assert estimate.calls == len(calls.calls)
-    for _, n, seconds in forwards:
-        assert seconds == requests.call_seconds(job, n) <= MAX_CALL_S
-        assert gpu_request(seconds, factor=1.5).charged_s <= DAILY_QUOTA_S["anonymous"]
+    seen: list[tuple[int, int | None]] = []
+    result = requests.run(job, lambda done, planned: seen.append((done, planned)))
+    assert result.frames == 7 and seen == [(7, 7)]  # progress per batch (one batch of 8 here)
+    [(name, seconds)] = calls.calls  # the whole clip in one call
+    assert name == task and seconds == requests.clip_seconds(job) <= MAX_CALL_S
+    assert gpu_request(seconds, factor=1.5).charged_s <= DAILY_QUOTA_S["anonymous"]
+    assert requests.estimate(job).calls == 1
+
+
+def test_a_plan_that_would_not_fit_is_reduced_up_front(tmp_path: Path) -> None:
+    """On a GPU with the Space's resident set, a 150-frame pose clip at 1b is reduced (stride
+    first) so that its one call fits 120 s of quota; the plan says so and what it requests."""
+    clip = write_clip(tmp_path / "c.mp4", n=150, fps=30.0)
+    manager = serving.ModelManager(device="cpu")
+    manager.resident_bytes = lambda: 15_600_000_000  # type: ignore[method-assign]
+    requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "r"))
+    job = requests.job("pose", str(clip), "1b")  # on this CPU: no reduction
+    assert job.reduced is None and job.plan.frames == 150
+    fitted = requests.fitted(job)
+    assert fitted.plan.stride == 2 and fitted.plan.frames == 75 and "Reduced to 75 frames" in fitted.reduced
+    seconds = requests.clip_seconds(fitted)
+    assert seconds <= MAX_CALL_S and gpu_request(seconds, factor=1.5).charged_s <= 120
+    line = requests.estimate(fitted).line(gpu=True)
+    assert line.startswith("Reduced to 75") and f"requests {seconds} s of GPU" in line
+    small = requests.fitted(job, quota_s=40)  # what is left after a refusal: fewer frames
+    assert gpu_request(requests.clip_seconds(small), factor=1.5).charged_s <= 40 < 93
+    assert 0 < small.frames < 75 and small.take == small.frames and "40 s left" in small.reduced
 
 
 def test_the_gpu_step_never_loads(tiny_checkpoints, tmp_path: Path) -> None:
@@ -216,8 +230,9 @@ def test_cpu_estimate_before_and_after_a_run(tmp_path: Path) -> None:
     job = requests.job("pointmap", str(clip), "0.4b", stride=2)  # pointmap + its seg model: 2 forwards
     estimate = requests.estimate(job)
     per_forward = 0.398e9 * (1024 // 16) * (768 // 16) / CPU_MACS_PER_S  # about 40 s on the 2-core CPU
-    assert estimate.frames == 4 and estimate.cpu_s == pytest.approx(4 * 2 * per_forward, rel=0.01)
-    assert "about 5.4 min" in estimate.line(gpu=False)
+    per_frame = 2 * per_forward + video_serving.CPU_FRAME_OVERHEAD_S  # + heads, render, encode
+    assert estimate.frames == 4 and estimate.cpu_s == pytest.approx(4 * per_frame, rel=0.01)
+    assert "about 5.8 min" in estimate.line(gpu=False)
     requests._measured[("pointmap", "0.4b")] = 2.5
     assert requests.estimate(job).cpu_s == 10.0 and "measured" in requests.estimate(job).basis
 

@@ -154,7 +154,7 @@ def test_pose_clip_batches_tracks_and_exports(tmp_path: Path) -> None:
     npz = np.load(tmp_path / "out/walk_pose_frames.npz")
     assert npz["keypoints"].shape == (8, 2, 308, 2) and float(npz["fps"]) == 10.0
     assert result.details == {"tracks": 2, "people_max": 2}
-    assert any("no sound" in n for n in result.notices)
+    assert not any("no sound" in n for n in result.notices)  # the clip has no audio track: nothing lost
 
 
 def test_batched_detection_gives_the_same_tracks_and_a_playable_source_video(tmp_path: Path) -> None:
@@ -204,7 +204,7 @@ def test_stride_keeps_the_duration(tmp_path: Path) -> None:
     assert n == 3 and fps == pytest.approx(10.0 / 3, rel=1e-3)
     labels = np.load(result.files[1])["labels"]
     assert labels.shape == (3, 64, 96) and labels.dtype == np.uint8
-    assert any("Every 3th frame" in n for n in result.notices)
+    assert any("One frame in 3 was processed" in n for n in result.notices)
 
 
 def test_pointmap_uses_one_colour_scale_for_the_clip(tmp_path: Path) -> None:
@@ -249,9 +249,16 @@ def test_limits_and_options_give_clear_errors_and_leave_no_video(tmp_path: Path)
                 raise RuntimeError("device lost")
             return super().infer(preps, **opts)
 
-    with pytest.raises(RuntimeError, match="device lost"):
-        run_video(Broken("seg"), clip, tmp_path / "o", batch_size=2)
+    class BrokenAtOnce(FakeDense):
+        def infer(self, preps: list[np.ndarray], **opts: Any) -> list[np.ndarray]:
+            raise RuntimeError("device lost")
+
+    with pytest.raises(RuntimeError, match="device lost"):  # nothing done: nothing to keep
+        run_video(BrokenAtOnce("seg"), clip, tmp_path / "o", batch_size=2)
     assert not list((tmp_path / "o").glob("*.webm"))  # the half-written video was removed
+    partial = run_video(Broken("seg"), clip, tmp_path / "p", batch_size=2)  # fails on the 2nd batch
+    assert partial.frames == 2 and count_frames(partial.video)[0] == 2  # the frames done, playable
+    assert "device lost" in partial.notices[0] and "Only the first 2" in partial.notices[0]
 
 
 def test_an_infer_hook_replaces_the_device_step(tmp_path: Path) -> None:
@@ -310,3 +317,16 @@ def test_real_tiny_pose_seg_and_matting_pipelines_run_on_a_clip(
     r = run_video(matting, clip, tmp_path / "matting", render_options={"background": "#ffffff"})
     alpha = np.load(r.files[1])["alpha"]
     assert alpha.shape == (3, 64, 96) and alpha.dtype == np.float16 and count_frames(r.video)[0] == 3
+
+
+def test_no_sound_notice_only_for_clips_with_audio(tmp_path) -> None:
+    from sapiens2.video.runner import has_audio
+
+    silent = tmp_path / "silent.mp4"
+    silent.write_bytes(b"\x00\x00\x00\x18ftypisom" + b"hdlr" + b"\x00" * 8 + b"vide" + b"\x00" * 64)
+    sound = tmp_path / "sound.mp4"
+    sound.write_bytes(silent.read_bytes() + b"hdlr" + b"\x00" * 8 + b"soun")
+    webm = tmp_path / "a.webm"
+    webm.write_bytes(b"\x1aE\xdf\xa3" + b"V_VP8" + b"A_OPUS")
+    assert not has_audio(silent) and has_audio(sound) and has_audio(webm)
+    assert not has_audio(tmp_path / "missing.mp4")

@@ -41,6 +41,7 @@ def run_scenario(name: str, tmp: Path, *args: str, timeout: float = 300) -> dict
         HF_HUB_OFFLINE="1",
         PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]),
         OMP_NUM_THREADS="1",
+        SAPIENS2_NO_GPU_BUDGET="1",  # this CPU's wall time is no GPU's: the clip's budget check is off
     )
     env.pop("SAPIENS2_CHECKPOINTS", None)
     proc = subprocess.run(
@@ -97,6 +98,167 @@ def _move_to_originals(callback: Any = None) -> None:
     for fake, original in list(cuda_aliases.items()):
         if original is not None:
             fake.data = original
+
+
+# ----------------------------------------------------------------------------- the device API
+
+#: What the Space keeps resident on ZeroGPU: the six default 1b files (pose, seg, normal, matting at
+#: 2.92 GB each, pointmap at 2.93 GB, pretrain 0.1b for features) plus DETR-ResNet-50, in bf16,
+#: about 15.6 GB in all. Every fresh worker moves all of it; the tiny test models stand in for it.
+SPACE_RESIDENT_BYTES = 15_600_000_000
+#: The node the stand-in schedules on: spaces 0.51.3's RTX PRO 6000 entry (duration factor 1.5).
+RTX_NODE = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+class DeviceApi:
+    """A stand-in for ZeroGPU's device API (``/schedule``, ``/allow``, ``/release``) with one
+    visitor's quota, answering 429 (``QuotaInfos``: seconds left, wait) when a request asks for
+    more than is left, as the real API does. spaces' own client code (``client.schedule``, with
+    its duration factor and its messages) runs unchanged in front of it.
+
+    ``policy``: ``"requested"`` charges the seconds requested when a call is admitted;
+    ``"used"`` charges at release what the call used: its work (the seconds requested less the
+    fresh-worker start they include) plus, only when the call forked a fresh worker, that start
+    (CUDA and moving ``resident_bytes``, from ``serving.gpu_time``'s estimates), times the node's
+    factor. The work is the app's own estimate because the tiny models' CPU time here says
+    nothing about a GPU's. ``allow`` runs in the worker (a fork), so
+    it marks a fresh worker with a file in ``folder``.
+    """
+
+    def __init__(self, folder: Path, quota_s: int, policy: str, resident_bytes: int = SPACE_RESIDENT_BYTES):
+        if policy not in ("requested", "used"):
+            raise ValueError(policy)
+        self.folder, self.left, self.policy, self.resident = folder, int(quota_s), policy, resident_bytes
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log: list[dict[str, Any]] = []
+        self._open: dict[str, dict[str, Any]] = {}
+        self._count = 0
+
+    def startup_report(self) -> Any:
+        import httpx
+
+        return httpx.codes.OK
+
+    def schedule(self, cgroup_path: str = "", task_id: int = 0, token: Any = None, token_version: int = 1,
+                 duration_seconds: int | None = None, enable_queue: bool = True, gpu_size: Any = None) -> Any:  # fmt: skip
+        import time
+        from datetime import timedelta
+
+        from spaces.zero.api import QuotaInfos, ScheduleMetadata, ScheduleResponse
+
+        asked = int(duration_seconds or 0) * (2 if gpu_size == "xlarge" else 1)
+        entry = {"call": len(self.log) + 1, "requested_s": asked, "left_before_s": self.left}
+        self.log.append(entry)
+        if asked > self.left:
+            entry.update(approved=False, charged_s=0, left_after_s=self.left)
+            meta = ScheduleMetadata(approve_result="quota-exceeded")
+            return QuotaInfos(left=self.left, wait=timedelta(minutes=10)), meta
+        self._count += 1
+        token_out = f"token-{self._count}"
+        entry.update(approved=True, token=token_out, t0=time.monotonic())
+        if self.policy == "requested":
+            self.left -= asked
+            entry.update(charged_s=asked, left_after_s=self.left)
+        self._open[token_out] = entry
+        response = ScheduleResponse(idle=True, nvidiaIndex=0, nvidiaUUID="emulated", allowToken=token_out)
+        return response, ScheduleMetadata(approve_result="approved")
+
+    def allow(self, allow_token: str, pid: int) -> Any:
+        import httpx
+
+        (self.folder / f"fresh-{allow_token}").write_text(str(pid))  # runs in the fresh worker
+        return httpx.codes.OK
+
+    def release(self, allow_token: str, fail: bool = False) -> Any:
+        import time
+
+        import httpx
+
+        from sapiens2.serving.gpu_time import start_seconds
+        from sapiens2.zerogpu import duration_factor
+
+        entry = self._open.pop(allow_token)
+        fresh = (self.folder / f"fresh-{allow_token}").exists()
+        wall = time.monotonic() - entry.pop("t0")
+        entry.update(fresh_worker=fresh, failed=bool(fail), wall_s=round(wall, 2))
+        if self.policy == "used":
+            factor, start = duration_factor(), start_seconds(self.resident)
+            work = max(0.0, entry["requested_s"] / factor - start)
+            used = work + (start if fresh else 0.0)
+            charged = min(entry["requested_s"], round(used * factor))
+            self.left -= charged
+            entry.update(charged_s=charged, left_after_s=self.left)
+        return httpx.codes.OK
+
+
+def install_device_api(api: DeviceApi) -> None:
+    """spaces' client talks to ``api``; the node is the RTX PRO 6000 (factor 1.5); the worker's
+    CUDA init and weight move are skipped (no GPU here), as in :func:`install_fake_backend`."""
+    from spaces.zero import client, config
+    from spaces.zero import torch as zero_torch
+
+    node = next(c for c in json.loads(_configs_path().read_text()) if c["model"] == RTX_NODE)
+    config.get_config = lambda: node
+    client.api_client = lambda: api
+    zero_torch.init = lambda *_: _cuda_is_cpu_here()
+    zero_torch.move = _move_to_originals
+
+
+def _cuda_is_cpu_here() -> None:
+    """In a worker (no GPU here, the weights are CPU originals): the pipelines' "cuda" inputs go
+    to the CPU, so that the tiny models really run there."""
+    import torch
+
+    def cpu(device: Any) -> Any:
+        return "cpu" if device is not None and "cuda" in str(device) else device
+
+    to = torch.Tensor.to
+
+    def tensor_to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(cpu(a) if isinstance(a, (str, torch.device)) else a for a in args)
+        if "device" in kwargs:
+            kwargs["device"] = cpu(kwargs["device"])
+        return to(self, *args, **kwargs)
+
+    torch.Tensor.to = tensor_to
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    for name in ("zeros", "ones", "empty", "full", "arange", "tensor", "as_tensor", "randn", "linspace"):
+        original = getattr(torch, name)
+
+        def factory(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if "device" in kwargs:
+                kwargs["device"] = cpu(kwargs["device"])
+            return _original(*args, **kwargs)
+
+        setattr(torch, name, factory)
+    torch.cuda.synchronize = lambda *_: None
+    torch.cuda.empty_cache = lambda: None
+
+
+def _configs_path() -> Path:
+    import spaces
+
+    return Path(spaces.__file__).parent / "zero" / "configs.json"
+
+
+class _Headers(dict):
+    """Request headers as spaces reads them (``.get`` and a ``__dict__``)."""
+
+
+class _Request:
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = _Headers(headers)
+
+
+def as_visitor() -> None:
+    """Make this thread's calls come from an anonymous visitor of the page (an IP token, no
+    account), so that spaces words a refusal as it does for one: seconds requested and left."""
+    import base64
+
+    from gradio.context import LocalContext
+
+    payload = base64.urlsafe_b64encode(json.dumps({"ip": "203.0.113.7"}).encode()).decode().rstrip("=")
+    LocalContext.request.set(_Request({"x-ip-token": f"h.{payload}.s", "x-gradio-user": "app"}))
 
 
 # ----------------------------------------------------------------------------- scenarios
@@ -283,6 +445,80 @@ def scenario_app(tmp: Path, checkpoint: str) -> dict[str, Any]:
     out["loads_after"] = manager.loads
     out["workers"] = {str(k): sorted(v) for k, v in gpu.run_on_gpu.worker_pids().items()}
     return out
+
+
+def scenario_quota(tmp: Path, checkpoints_json: str, policy: str, quota: str, *flows: str) -> dict[str, Any]:
+    """The app's multi-call flows against the stand-in device API: one visitor with ``quota``
+    seconds left, charged by ``policy``, on the RTX PRO 6000 node, with the Space's resident set
+    modelled (:data:`SPACE_RESIDENT_BYTES`; the tiny models do the work). ``flows``: ``all``
+    ("All tasks", every task at its default) and/or ``video`` (the default pose video of a
+    150-frame 720p clip), run in that order on the same quota in a handler thread, as Gradio does.
+    Returns per flow the outcome and the device API's log (seconds requested and left per call)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    from video_clips import write_clip
+
+    api = DeviceApi(tmp / "device-api", int(quota), policy)
+    install_device_api(api)
+    import app
+    from sapiens2 import serving, zerogpu
+    from sapiens2.tasks import registry
+    from sapiens2.ui.handlers import Runner
+    from sapiens2.ui.video_tab import VideoEndpoints
+
+    notes: list[str] = []
+    _collect_messages(notes)
+    checkpoints = json.loads(Path(checkpoints_json).read_text())
+    manager = serving.ModelManager(checkpoints=checkpoints, on_change=zerogpu.resident_changed)
+    manager.resident_bytes = lambda: SPACE_RESIDENT_BYTES  # the Space's set, not the tiny models
+    app.build_demo(manager)
+    runner = Runner(manager)
+    ends = VideoEndpoints(runner)
+    photo = np.random.default_rng(0).integers(0, 255, (720, 540, 3), np.uint8)
+    clip = tmp / "clip720p.mp4"
+    out: dict[str, Any] = {"policy": policy, "quota_s": int(quota)}
+
+    def run(flow: str) -> dict[str, Any]:
+        as_visitor()
+        if flow == "all":
+            jobs = [(name, None, {}) for name in registry.all_tasks()]
+            shown, status = runner.run_all(photo, jobs)
+            done = sorted(t for t, v in shown.items() if not isinstance(v, Exception))
+            skipped = {t: str(v) for t, v in shown.items() if isinstance(v, Exception)}
+            return {"done": done, "skipped": skipped, "status": status}
+        write_clip(clip, n=150, fps=30.0, size=(1280, 720))
+        plan = ends.plan(str(clip), "pose", None, 1, None)
+        source, video, files, summary, line = ends.run(
+            str(clip), "pose", None, 1, None, 5, True, _no_progress
+        )
+        return {"plan": plan, "frames": summary["frames"], "video": video, "summary": summary, "line": line}
+
+    with ThreadPoolExecutor(1) as handler_thread:
+        for flow in flows:
+            start = len(api.log)
+            notes.clear()
+            try:
+                result = handler_thread.submit(run, flow).result()
+            except Exception as err:
+                result = {"error": type(err).__name__, "message": str(getattr(err, "message", err))}
+            result["calls"] = [{k: v for k, v in e.items() if k != "token"} for e in api.log[start:]]
+            result["messages"] = list(notes)
+            out[flow] = result
+    out["left_s"] = api.left
+    return out
+
+
+def _no_progress(*_: Any, **__: Any) -> None:
+    return None
+
+
+def _collect_messages(notes: list[str]) -> None:
+    """Keep what the page would show in toasts (gr.Info / gr.Warning) instead of dropping it."""
+    import gradio as gr
+
+    gr.Info = lambda message, *a, **k: notes.append(f"info: {message}")  # type: ignore[assignment]
+    gr.Warning = lambda message, *a, **k: notes.append(f"warning: {message}")  # type: ignore[assignment]
 
 
 def _attempt(fn: Any) -> dict[str, Any]:

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InputImageError, OutOfMemoryError, Sapiens2Error
+from ..errors import GpuUnavailableError, InputImageError, OutOfMemoryError, Sapiens2Error
 from ..imaging import Intake
 from ..loadguard import loading_forbidden
 from ..tasks import registry
-from ..zerogpu import cost_notice
+from ..zerogpu import cost_notice, gpu_request
 from .cache import ModelManager
 from .folders import RequestFolders
-from .gpu_time import clamp, start_seconds, weight_bytes, work_seconds
+from .gpu_time import reservation, weight_bytes, work_seconds
 from .memory import is_out_of_memory, out_of_memory
 from .present import Presented, present
 
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 #: (task, size, prepared inputs, inference options, seconds to reserve) -> raws
 DeviceCall = Callable[[str, str, list[Any], dict[str, Any], int], Any]
+#: ([(task, size, prepared inputs, inference options)], seconds to reserve) -> iterator of
+#: (index, raws or the task's error object), in one GPU admission ("All tasks")
+DeviceMany = Callable[[list[tuple[str, str, list[Any], dict[str, Any]]], int], Iterator[tuple[int, Any]]]
 
 
 def read_photo(source: Any) -> Intake:
@@ -62,6 +66,18 @@ def run_on_device(
             raise out_of_memory(registry.get(task).name, size) from err
 
 
+def many_on_device(
+    manager: ModelManager, jobs: list[tuple[str, str, list[Any], dict[str, Any]]]
+) -> Iterator[tuple[int, Any]]:
+    """The device work of "All tasks" in one call: each task's raws as soon as they are done; a
+    task that fails gives its error object and the others still run."""
+    for i, (task, size, preps, opts) in enumerate(jobs):
+        try:
+            yield i, run_on_device(manager, task, size, preps, opts)
+        except Sapiens2Error as err:
+            yield i, err
+
+
 @dataclass
 class Job:
     """A checked request: the task, its size, the photos read, and the validated options."""
@@ -86,10 +102,12 @@ class RequestRunner:
         folders: RequestFolders | None = None,
         device_call: DeviceCall | None = None,
         announce: Callable[[str], None] | None = None,
+        device_many: DeviceMany | None = None,
     ) -> None:
         self.manager = manager
         self.folders = folders or RequestFolders()
         self.device_call = device_call or (lambda t, s, p, o, _sec: run_on_device(manager, t, s, p, o))
+        self.device_many = device_many or (lambda jobs, _sec: many_on_device(manager, jobs))
         self.announce = announce  # tells the visitor what a large run costs (ZeroGPU) before it starts
 
     def job(self, task: str, photos: Sequence[Any], size: str | None, options: Mapping[str, Any]) -> Job:
@@ -100,13 +118,13 @@ class RequestRunner:
         infer_opts, render_opts = decl.split(options, gpu=self.manager.cuda)
         return Job(decl, size, intakes, infer_opts, render_opts)
 
-    def seconds(self, job: Job) -> int:
-        """The GPU seconds to reserve for the job's device call: a fresh worker's start with
-        everything resident (at least the job's own models), plus the work (ZeroGPU then scales
-        the reservation by its node's factor)."""
-        name, opts = job.task.name, job.infer_opts
-        resident = max(self.manager.resident_bytes(), weight_bytes(name, job.size, opts))
-        return clamp(start_seconds(resident) + work_seconds(name, job.size, job.pixels, opts))
+    def seconds(self, *jobs: Job) -> int:
+        """The GPU seconds to reserve for one device call running ``jobs``: a fresh worker's
+        start with everything resident (at least the jobs' own models), plus their work."""
+        own = sum(weight_bytes(j.task.name, j.size, j.infer_opts) for j in jobs)
+        resident = max(self.manager.resident_bytes(), own)
+        work = sum(work_seconds(j.task.name, j.size, j.pixels, j.infer_opts) for j in jobs)
+        return reservation(work, resident)
 
     def tell_cost(self, seconds: float, what: str) -> None:
         notice = cost_notice(seconds, what)
@@ -154,8 +172,11 @@ class RequestRunner:
     def run_all(
         self, photo: Any, requests: Mapping[str, tuple[str | None, Mapping[str, Any]]]
     ) -> dict[str, Presented | Sapiens2Error]:
-        """Every requested task (task -> (size, options)) on one photo, one device call per task
-        (each within its own GPU budget). A task that fails gives its error object instead."""
+        """Every requested task (task -> (size, options)) on one photo, in ONE GPU admission that
+        yields each task's raws as it finishes. A task that fails gives its error object. When
+        ZeroGPU refuses the admission for quota, the tasks that fit in the seconds left run (one
+        more admission) and the others get one error saying which, why and what helps; when the
+        GPU fails partway, every task already done is kept."""
         intake = read_photo(photo)
         out: dict[str, Presented | Sapiens2Error] = {}
         jobs: dict[str, Job] = {}
@@ -164,14 +185,89 @@ class RequestRunner:
                 jobs[task] = self.job(task, [intake], size, options)
             except Sapiens2Error as err:
                 out[task] = err
-        self.tell_cost(sum(self.seconds(job) for job in jobs.values()), "Running all tasks")
-        for task, job in jobs.items():
-            try:
-                [result] = self.results(job, announce=False)
-                out[task] = present(result, self.folders.new(), **job.render_opts)
-            except Sapiens2Error as err:
-                out[task] = err
+        with ExitStack() as held:
+            ready = self._prepared(jobs, out, held)
+            self.tell_cost(self.seconds(*[j for j, _, _ in ready.values()]), "Running all tasks")
+            self._run_many(ready, out)
         return {task: out[task] for task in requests}
 
+    def _prepared(
+        self, jobs: dict[str, Job], out: dict[str, Presented | Sapiens2Error], held: ExitStack
+    ) -> dict[str, tuple[Job, Any, list[Any]]]:
+        """Load (held until the request ends) and prepare every job: task -> (job, pipe, preps)."""
+        ready: dict[str, tuple[Job, Any, list[Any]]] = {}
+        for task, job in jobs.items():
+            name, size, opts = job.task.name, job.size, job.infer_opts
+            try:
+                held.enter_context(self.manager.holding(self.manager.prepare(name, size, **opts)))
+                pipe = self.manager.get(name, size)
+                ready[task] = (job, pipe, [pipe.prepare(i, **opts) for i in job.intakes])
+            except Sapiens2Error as err:
+                out[task] = err
+        return ready
 
-__all__ = ["DeviceCall", "Job", "RequestRunner", "read_photo", "run_on_device"]
+    def _run_many(
+        self,
+        ready: dict[str, tuple[Job, Any, list[Any]]],
+        out: dict[str, Presented | Sapiens2Error],
+        retry: bool = True,
+    ) -> None:
+        """One admission for ``ready``; each task presented as its raws arrive (see run_all)."""
+        if not ready:
+            return
+        names = list(ready)
+        t0 = time.perf_counter()
+        calls = [(j.task.name, j.size, preps, j.infer_opts) for j, _, preps in ready.values()]
+        try:
+            for i, raws in self.device_many(calls, self.seconds(*[j for j, _, _ in ready.values()])):
+                out[names[i]] = self._present(ready[names[i]], raws, t0)
+        except OutOfMemoryError:
+            self.manager.trim()
+            raise
+        except GpuUnavailableError as err:
+            todo = {t: v for t, v in ready.items() if t not in out}
+            fits = self._fitting(todo, err) if retry and len(todo) == len(ready) else {}
+            if fits:
+                self._run_many(fits, out, retry=False)
+            rest = [t for t in todo if t not in out]
+            if rest:
+                tabs = ", ".join(ready[t][0].task.tab for t in rest)
+                skipped = GpuUnavailableError(f"Not run: {tabs}. {err}", requested_s=err.requested_s,
+                                              left_s=err.left_s, wait=err.wait, quota=err.quota)  # fmt: skip
+                out.update({t: skipped for t in rest})
+
+    def _fitting(
+        self, todo: dict[str, tuple[Job, Any, list[Any]]], err: GpuUnavailableError
+    ) -> dict[str, tuple[Job, Any, list[Any]]]:
+        """The first tasks (in order) whose one admission fits the quota left that spaces reported."""
+        if not err.quota or err.left_s is None:
+            return {}
+        fits: dict[str, tuple[Job, Any, list[Any]]] = {}
+        for task, value in todo.items():
+            trial = [v[0] for v in fits.values()] + [value[0]]
+            if gpu_request(self.seconds(*trial)).charged_s > err.left_s:
+                break
+            fits[task] = value
+        return fits
+
+    def _present(self, ready: tuple[Job, Any, list[Any]], raws: Any, t0: float) -> Presented | Sapiens2Error:
+        if isinstance(raws, Sapiens2Error):
+            return raws
+        job, pipe, _ = ready
+        try:
+            [result] = [pipe.finish(r, i, **job.infer_opts) for r, i in zip(raws, job.intakes, strict=True)]
+            result.info.total_s = time.perf_counter() - t0
+            return present(result, self.folders.new(), **job.render_opts)
+        except Sapiens2Error as err:
+            return err
+
+
+__all__ = [
+    "DeviceCall",
+    "DeviceMany",
+    "Job",
+    "many_on_device",
+    "RequestRunner",
+    "read_photo",
+    "run_on_device",
+]

@@ -1,48 +1,69 @@
-"""Video requests for a server: a clip through a task in batches, one device call per batch.
+"""Video requests for a server: a clip through a task in ONE device call (one GPU admission).
 
-The same split as photos (``serving.runner``): the clip is read, checked and planned here, the
-models are loaded here (``ModelManager.prepare``), each batch's ``prepare`` and ``finish`` run
-here, and only ``infer`` goes through the server's device call, once per batch, with a GPU
-duration from that batch's frame count. Pose's person detection is device work too: the
-detection frames of a batch go in one device call of their own (step ``"detect"``) before the
-batch's forward, so a pose batch makes at most two calls.
+The clip is read, checked and planned here and the models are loaded here
+(``ModelManager.prepare``); then one device call runs the whole clip where the models are
+(decode, person detection and tracking for pose, the batch forwards, rendering, writing), yielding
+its progress per batch and then the result. On ZeroGPU that call is one admission with one
+reservation (:func:`sapiens2.serving.gpu_time.reservation`), so a clip can no longer be refused
+halfway for lack of quota; a plan that would not fit a visitor without an account is reduced
+up front (a larger stride, then fewer frames) and the page says so; a refusal for quota runs the
+frames that fit in the seconds left, and a device failure partway keeps the frames done.
 
-Before a run, :meth:`VideoRequests.estimate` says what it will cost: GPU seconds per call on a
-GPU, or minutes on a CPU from the model's size and a CPU rate (measured here, see
+Before a run, :meth:`VideoRequests.estimate` says what it will cost: the GPU seconds the call will
+request, or the time on a CPU from the model's size and a CPU rate (measured here, see
 :data:`CPU_MACS_PER_S`), replaced by this server's own measurement once it has run a clip.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import InputVideoError, OptionError, Sapiens2Error
+from ..errors import GpuUnavailableError, InputVideoError, OptionError, Sapiens2Error
 from ..loadguard import loading_forbidden
 from ..tasks import registry
+from ..tasks.registry import forward_seconds
 from ..video.handlers import TrackingOptions
 from ..video.reader import VideoLimits
-from ..video.runner import VIDEO_TASKS, VideoPlan, VideoResult, default_detect, plan_video, run_video
-from ..zerogpu import cost_notice
+from ..video.runner import VIDEO_TASKS, VideoPlan, VideoResult, default_detect, iter_video, plan_video
+from ..zerogpu import cost_notice, gpu_request
 from ..zoo import ARCHS
 from .cache import CUSTOM, ModelManager
 from .folders import RequestFolders
-from .gpu_time import MAX_CALL_S, clamp, start_seconds, weight_bytes, work_seconds
+from .gpu_time import MAX_CALL_S, reservation, start_seconds, weight_bytes
 from .runner import run_on_device
 
 #: (task, size, items, inference options, seconds, step) -> one result per item; step "infer"
 #: (items: preps) or "detect" (items: RGB frames, pose only)
 VideoDeviceCall = Callable[..., list[Any]]
-#: Frames per device call at most; fewer when a call would exceed the GPU duration cap.
+#: (task, size, clip spec, inference options, seconds) -> iterator of (frames done, planned) then
+#: the VideoResult: a whole clip in one device call
+DeviceVideo = Callable[[str, str, dict[str, Any], dict[str, Any], int], Iterator[Any]]
+#: Frames per forward inside the clip's call.
 MAX_BATCH = 8
 #: Multiply-accumulates per second of a 0.4b forward on this project's 2-core CPU: pointmap at
 #: 1024x768 (1.26 T MACs) took 41.5 s a frame in ``python bench/video.py`` (docs/VIDEO.md).
 CPU_MACS_PER_S = 3.0e10
-#: Seconds of GPU work for one person detection (DETR-ResNet-50), as in pose's gpu_seconds.
-DETECT_GPU_S = 1.0
+#: Seconds a frame costs on a CPU beyond the backbone's parameters x tokens: the heads and
+#: resizes at the network's 1024x768 input, prepare/finish, render and two VP8 encodes. Measured
+#: with tiny checkpoints (backbone cost about 0) on this 2-core machine while six jobs shared it:
+#: 4.3-6.0 s a frame for seg and pose, 720p and 360p alike (/tmp/zg_cpu.py in the issue-20 notes).
+#: Without it the estimate said "about 1 s" for a run that took 17 s (issue 21).
+CPU_FRAME_OVERHEAD_S = 5.0
+#: ESTIMATE: seconds of GPU for one person detection (DETR-ResNet-50 at 800 px: about 0.09 TFLOP,
+#: milliseconds at gpu_time.SUSTAINED_TFLOPS; the rest is its pre/post-processing).
+DETECT_GPU_S = 0.25
+#: ESTIMATE: people per frame a pose clip's reservation assumes (each is one crop of the forward).
+VIDEO_PEOPLE = 2
+#: ESTIMATE: seconds per frame of the work inside the clip's call that is not the model (decode,
+#: prepare, finish, render, VP8 encode of two videos) on the Space's CPU; the run measures its own.
+FRAME_HOST_S = 0.15
+#: The largest stride a reduced plan uses before it cuts frames instead.
+MAX_AUTO_STRIDE = 10
 
 
 def run_step(
@@ -58,6 +79,18 @@ def run_step(
         return [detect(rgb) for rgb in items]
 
 
+def video_on_device(
+    manager: ModelManager, task: str, size: str, spec: dict[str, Any], opts: dict[str, Any], seconds: int
+) -> Iterator[Any]:
+    """A whole clip where the models are (never loads): progress per batch, then the result.
+    ``spec``: :func:`~sapiens2.video.runner.iter_video`'s arguments (clip, out_dir, ...)."""
+    with loading_forbidden():
+        pipe = manager.get(task, size, load=False)
+        spec = dict(spec)
+        clip, out_dir = spec.pop("clip"), spec.pop("out_dir")
+        yield from iter_video(pipe, clip, out_dir, task=task, options=opts, **spec)
+
+
 @dataclass
 class VideoJob:
     """A checked video request (nothing loaded yet)."""
@@ -70,6 +103,14 @@ class VideoJob:
     infer_opts: dict[str, Any]
     render_opts: dict[str, Any]
     tracking: TrackingOptions
+    reduced: str | None = None  # why the plan was reduced to fit the GPU quota (said before it runs)
+    take: int | None = None  # only the first frames (after the stride): a plan cut to the quota
+
+    @property
+    def frames(self) -> int:
+        """Frames the run will process (the server's limit when the header gives no count)."""
+        n = self.plan.frames or self.limits.max_frames
+        return n if self.take is None else min(n, self.take)
 
     @property
     def frame_pixels(self) -> int:
@@ -84,17 +125,22 @@ class Estimate:
     """What a run will cost, said before it starts."""
 
     frames: int | None  # frames to process (None: the header gives no count)
-    batch: int  # frames per device call
-    gpu_call_s: int  # seconds reserved per forward call (on a GPU)
-    calls: int | None  # device calls (forwards and detections)
+    batch: int  # frames per forward
+    gpu_call_s: int  # seconds the clip's one GPU call requests (on a GPU)
+    calls: int | None  # GPU calls (admissions): 1
     cpu_s: float | None  # whole-run seconds on this CPU (None on a GPU or when unknown)
     basis: str  # where the CPU figure comes from
+    reduced: str | None = None  # the plan was reduced to fit the quota: why and how
 
     def line(self, gpu: bool) -> str:
         n = "an unknown number of" if self.frames is None else str(self.frames)
         if gpu:
-            calls = "" if self.calls is None else f" in {self.calls} GPU calls"
-            return f"{n} frames, {self.batch} per call{calls}, up to {self.gpu_call_s} s reserved per call."
+            charged = gpu_request(self.gpu_call_s).charged_s
+            text = (
+                f"{n} frames in one GPU call, {self.batch} per forward: requests {self.gpu_call_s} s of GPU "
+                f"(up to {charged} s of ZeroGPU quota on the slowest node)."
+            )
+            return f"{self.reduced} {text}" if self.reduced else text
         if self.cpu_s is None:
             return f"{n} frames on the CPU; no time estimate ({self.basis})."
         return f"{n} frames on the CPU: about {_duration(self.cpu_s)} ({self.basis})."
@@ -123,11 +169,15 @@ class VideoRequests:
         device_call: VideoDeviceCall | None = None,
         limits: VideoLimits = VideoLimits(),
         announce: Callable[[str], None] | None = None,
+        device_video: DeviceVideo | None = None,
     ) -> None:
         self.manager = manager
         self.folders = folders or RequestFolders()
         self.device_call = device_call or (
             lambda t, s, i, o, _sec, step="infer": run_step(manager, t, s, i, o, step)
+        )
+        self.device_video = device_video or (
+            lambda t, s, spec, o, sec: video_on_device(manager, t, s, spec, o, sec)
         )
         self.limits = limits
         self.announce = announce
@@ -156,7 +206,43 @@ class VideoRequests:
         size = self.manager.resolve_size(decl.name, size)
         infer_opts, render_opts = decl.split(options or {}, gpu=self.manager.cuda)
         plan = plan_video(clip, stride=stride, limits=limits)
-        return VideoJob(decl, size, str(clip), plan, limits, infer_opts, render_opts, tracking)
+        job = VideoJob(decl, size, str(clip), plan, limits, infer_opts, render_opts, tracking)
+        return self.fitted(job) if self.manager.cuda else job
+
+    def fitted(self, job: VideoJob, quota_s: int | None = None) -> VideoJob:
+        """``job``, or a reduced plan when its one GPU call would request more than
+        ``quota_s`` seconds of quota (default: what a visitor without an account can start):
+        a larger stride first (the whole clip stays covered), then only the first frames."""
+        if self._fits(job, job.frames, quota_s):
+            return job
+        total = job.plan.frames or job.limits.max_frames
+        stride, frames = job.plan.stride, job.frames
+        plan = job.plan
+        if quota_s is None:
+            while stride < MAX_AUTO_STRIDE and not self._fits(job, frames, quota_s):
+                stride += 1
+                frames = math.ceil(total * job.plan.stride / stride)
+            plan = plan_video(job.clip, stride=stride, limits=job.limits)
+        while frames > 1 and not self._fits(job, frames, quota_s):
+            frames -= 1
+        why = (
+            f"your ZeroGPU quota has {quota_s} s left"
+            if quota_s is not None
+            else "one GPU call must fit the 120 s of ZeroGPU quota a visitor without an account has"
+        )
+        take = frames if frames < (plan.frames or job.limits.max_frames) else None
+        first = f"the first {frames}" if take else str(frames)
+        reduced = (
+            f"Reduced to {first} frames (every {stride} frame(s)) from {job.frames} "
+            f"(every {job.plan.stride}): {why}."
+        )
+        return replace(job, plan=plan, reduced=reduced, take=take)
+
+    def _fits(self, job: VideoJob, frames: int, quota_s: int | None) -> bool:
+        seconds = self.clip_work(job, frames) + start_seconds(self._resident(job))
+        if quota_s is None:
+            return seconds <= MAX_CALL_S
+        return gpu_request(seconds).charged_s <= quota_s
 
     def request_limits(self, max_frames: int | None) -> VideoLimits:
         """The server's limits, with ``max_frames`` lowered to the caller's when given."""
@@ -169,33 +255,32 @@ class VideoRequests:
 
     # -- cost ------------------------------------------------------------------------------
 
-    def call_seconds(self, job: VideoJob, frames: int) -> int:
-        """GPU seconds to reserve for one forward call of ``frames`` frames."""
+    def _resident(self, job: VideoJob) -> int:
+        return max(self.manager.resident_bytes(), weight_bytes(job.task.name, job.size, job.infer_opts))
+
+    def clip_work(self, job: VideoJob, frames: int) -> float:
+        """Seconds of device work of the clip's one call for ``frames`` frames (start excluded):
+        the batch forwards at the published FLOPs (pose: :data:`VIDEO_PEOPLE` crops a frame,
+        twice with flip test), a detection every ``detect_every`` frames (pose), and the frames'
+        host work inside the call (:data:`FRAME_HOST_S`)."""
         name, opts = job.task.name, job.infer_opts
-        resident = max(self.manager.resident_bytes(), weight_bytes(name, job.size, opts))
-        work = work_seconds(name, job.size, [job.frame_pixels] * frames, opts)
-        return clamp(start_seconds(resident) + work)
+        per_frame = VIDEO_PEOPLE * (2 if opts.get("flip_test") else 1) if name == "pose" else 1
+        forwards = 1 + len(job.task.needs(opts))
+        batches, last = divmod(frames, MAX_BATCH)
+        work = batches * forward_seconds(job.size, MAX_BATCH * per_frame) * forwards
+        work += forward_seconds(job.size, last * per_frame) * forwards if last else 0.0
+        if name == "pose":
+            work += DETECT_GPU_S * math.ceil(frames / job.tracking.detect_every)
+        return work + FRAME_HOST_S * frames
 
-    def detect_seconds(self, job: VideoJob, frames: int) -> int:
-        resident = max(self.manager.resident_bytes(), weight_bytes(job.task.name, job.size, job.infer_opts))
-        return clamp(start_seconds(resident) + DETECT_GPU_S * frames)
-
-    def batch_size(self, job: VideoJob) -> int:
-        """The most frames (<= MAX_BATCH) whose forward call fits the GPU duration cap."""
-        n = MAX_BATCH
-        while n > 1 and self.call_seconds(job, n) >= MAX_CALL_S:
-            n -= 1
-        return n
+    def clip_seconds(self, job: VideoJob) -> int:
+        """The GPU seconds the clip's one call requests (the one reservation function)."""
+        return reservation(self.clip_work(job, job.frames), self._resident(job))
 
     def estimate(self, job: VideoJob) -> Estimate:
-        frames, batch = job.plan.frames, self.batch_size(job)
-        calls = None
-        if frames is not None:
-            calls = math.ceil(frames / batch)
-            if job.task.name == "pose":  # one detection call per batch holding a detection frame
-                calls += len({(k // batch) for k in range(0, frames, job.tracking.detect_every)})
+        frames = job.frames if job.plan.frames is not None else None
         cpu_s, basis = (None, "GPU") if self.manager.cuda else self.cpu_seconds(job)
-        return Estimate(frames, batch, self.call_seconds(job, batch), calls, cpu_s, basis)
+        return Estimate(frames, MAX_BATCH, self.clip_seconds(job), 1, cpu_s, basis, job.reduced)
 
     def cpu_seconds(self, job: VideoJob) -> tuple[float | None, str]:
         """Whole-run CPU seconds and where the figure comes from."""
@@ -208,8 +293,8 @@ class VideoRequests:
             return frames * measured, "measured on this server's last clip of this task and size"
         if self.manager.key(job.task.name, job.size)[1] == CUSTOM and not self._loaded(job):
             return None, "a custom checkpoint whose size is known once loaded: run once for a measured rate"
-        per_frame = self.frame_macs(job) / CPU_MACS_PER_S
-        basis = "from the model's size at a CPU rate measured on a 2-core machine; expect +-50%"
+        per_frame = self.frame_macs(job) / CPU_MACS_PER_S + CPU_FRAME_OVERHEAD_S
+        basis = "from the model's size at a CPU rate measured on a 2-core machine, plus each frame's decode, render and encode; expect +-50%"
         if job.task.name == "pose":
             basis += "; one person per frame assumed, each more person adds as much again"
         return frames * per_frame, basis
@@ -248,41 +333,70 @@ class VideoRequests:
     # -- running ---------------------------------------------------------------------------
 
     def run(self, job: VideoJob, progress: Callable[[int, int | None], None] | None = None) -> VideoResult:
-        """Load (here), then every batch: prepare (here), infer (one device call), finish (here)."""
+        """Load (here), then the whole clip in one device call (one GPU admission). A refusal for
+        quota runs the frames that fit in the seconds left (said on the result); anything else
+        the device reports is raised."""
         name, size, opts = job.task.name, job.size, job.infer_opts
-        estimate = self.estimate(job)
-        self._tell(job, estimate)
+        self._tell(job, self.estimate(job))
         with self.manager.holding(self.manager.prepare(name, size, **opts)):
-            pipe = self.manager.get(name, size)
-
-            def infer(preps: list[Any], **o: Any) -> list[Any]:
-                return self.device_call(name, size, preps, o, self.call_seconds(job, len(preps)))
-
-            def detect_many(frames: list[Any]) -> list[Any]:
-                return self.device_call(
-                    name, size, frames, opts, self.detect_seconds(job, len(frames)), "detect"
-                )
-
-            result = run_video(
-                pipe, job.clip, self.folders.new(), task=name, stride=job.plan.stride, limits=job.limits,
-                batch_size=estimate.batch, options=opts,
-                render_options=video_render_options(job.task, job.render_opts), tracking=job.tracking,
-                progress=progress, infer=infer, detect_many=detect_many if name == "pose" else None,
-                source_video=True,
-            )  # fmt: skip
+            try:
+                result = self._run_clip(job, progress)
+            except GpuUnavailableError as err:
+                smaller = self.fitted(job, err.left_s) if err.quota and err.left_s else None
+                if smaller is None or not self._fits(smaller, smaller.frames, err.left_s):
+                    raise
+                if self.announce is not None and smaller.reduced:
+                    self.announce(smaller.reduced)
+                result = self._run_clip(smaller, progress)
+                planned = job.frames
+                result.notices.insert(0, f"Only {result.frames} of {planned} frames were processed. {err}")
+                result.details["gpu_refused"] = str(err)
         self._remember(job, result)
+        return result
+
+    def _run_clip(self, job: VideoJob, progress: Callable[[int, int | None], None] | None) -> VideoResult:
+        seconds = self.clip_seconds(job)
+        # stop before the reservation runs out (a GPU's wall time); SAPIENS2_NO_GPU_BUDGET=1 turns
+        # it off where "cuda" is emulated on a CPU whose wall time says nothing about a GPU's
+        timed = self.manager.cuda and not os.environ.get("SAPIENS2_NO_GPU_BUDGET")
+        budget = seconds - start_seconds(self._resident(job)) if timed else None
+        spec = {
+            "clip": job.clip, "out_dir": str(self.folders.new()), "stride": job.plan.stride,
+            "limits": job.limits, "batch_size": MAX_BATCH,
+            "render_options": video_render_options(job.task, job.render_opts), "tracking": job.tracking,
+            "source_video": True, "budget_s": budget, "take": job.take,
+        }  # fmt: skip
+        result = None
+        for item in self.device_video(job.task.name, job.size, spec, job.infer_opts, seconds):
+            if isinstance(item, VideoResult):
+                result = item
+            elif progress is not None:
+                progress(item[0], item[1])
+        if result is None:
+            raise InputVideoError("The clip's GPU call ended without a result; try again.")
+        if job.reduced:
+            result.notices.insert(0, job.reduced)
         return result
 
     def _tell(self, job: VideoJob, estimate: Estimate) -> None:
         if self.announce is None:
             return
         if self.manager.cuda:
-            total = estimate.gpu_call_s * (estimate.calls or 1)
-            notice = cost_notice(total, f"This {job.task.tab.lower()} video run ({estimate.calls} GPU calls)")
+            if job.reduced:
+                self.announce(job.reduced)
+            notice = cost_notice(estimate.gpu_call_s, f"This {job.task.tab.lower()} video run (one GPU call)")
             if notice:
                 self.announce(notice)
         elif estimate.cpu_s is not None:
             self.announce(f"Running on the CPU: {estimate.line(False)}")
 
 
-__all__ = ["Estimate", "VideoJob", "VideoRequests", "run_step", "video_render_options"]
+__all__ = [
+    "DeviceVideo",
+    "Estimate",
+    "VideoJob",
+    "VideoRequests",
+    "run_step",
+    "video_on_device",
+    "video_render_options",
+]

@@ -151,11 +151,13 @@ class Task:
 def forward_seconds(size: str, images: int = 1) -> float:
     """Generous seconds of GPU work for ``images`` forwards of a backbone size at 1024x768.
 
-    From the published FLOPs (zoo.ARCHS) at an assumed 50 TFLOP/s achieved in bf16, plus 0.5 s of
-    fixed per-call work; not measured on a GPU (none was lent to this project yet)."""
+    From the published FLOPs (zoo.ARCHS) at ``serving.gpu_time.SUSTAINED_TFLOPS`` (an estimate),
+    plus 0.5 s of fixed per-call work; not measured on a GPU (none was lent to this project yet)."""
+    from ..serving.gpu_time import SUSTAINED_TFLOPS  # the one place of the estimate
+
     arch = ARCHS.get(size)
     tflops = arch.tflops_1024x768 if arch and arch.tflops_1024x768 else 16 * 4.715  # 1b-4k: 16x the tokens
-    return 0.5 + images * tflops / 50.0
+    return 0.5 + images * tflops / SUSTAINED_TFLOPS
 
 
 #: Env var naming per-task checkpoints (``pose=/a.safetensors,albedo=/b``); the app's and the

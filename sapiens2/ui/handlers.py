@@ -35,7 +35,7 @@ from ..errors import (
 from ..options import Option
 from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, is_out_of_memory
 from ..tasks.registry import Task
-from .gpu import device_call
+from .gpu import device_call, device_many
 
 log = logging.getLogger("sapiens2.app")
 
@@ -94,7 +94,9 @@ class Runner:
 
     def __init__(self, manager: ModelManager, folders: RequestFolders | None = None) -> None:
         self.manager = manager
-        self.requests = RequestRunner(manager, folders, device_call(manager), announce=gr.Info)
+        self.requests = RequestRunner(
+            manager, folders, device_call(manager), announce=gr.Info, device_many=device_many(manager)
+        )
 
     def __call__(self, task: str, photo: Any, size: str | None, **options: Any) -> Presented:
         with reported(self.manager):
@@ -122,10 +124,19 @@ class Runner:
             self.manager.trim()  # later tasks loaded models again after the failure's trim
         title = {t: registry.get(t).tab for t in shown}
         if failed and len(failed) == len(jobs):
-            raise gr.Error("No task could run: " + " | ".join(f"{title[t]}: {v}" for t, v in failed.items()))
+            lines = dict.fromkeys(
+                str(v) if "Not run:" in str(v) else f"{title[t]}: {v}" for t, v in failed.items()
+            )
+            raise gr.Error("No task could run: " + " | ".join(lines))
+        said: set[int] = set()  # tasks refused together share one error: say it once
         for task, value in shown.items():
             if isinstance(value, Sapiens2Error):
-                gr.Warning(f"{title[task]}: {value}", title="Task skipped")
+                if id(value) not in said:
+                    said.add(id(value))
+                    gr.Warning(
+                        str(value) if "Not run:" in str(value) else f"{title[task]}: {value}",
+                        title="Task skipped",
+                    )
             else:
                 warn(value.notices, f"{title[task]}: ")
         status = f"{len(jobs) - len(failed)} of {len(jobs)} tasks done in {time.perf_counter() - t0:.1f} s."

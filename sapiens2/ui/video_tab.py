@@ -17,7 +17,7 @@ from ..tasks import registry
 from ..video.handlers import TrackingOptions
 from ..video.reader import VideoLimits
 from ..video.runner import VIDEO_TASKS
-from .gpu import device_call
+from .gpu import device_call, device_video
 from .handlers import Runner, reported, warn
 from .inputs import clip_input
 from .widgets import checked_by_package, size_dropdown
@@ -66,8 +66,17 @@ class VideoEndpoints:
     def __init__(self, run: Runner, limits: VideoLimits = APP_VIDEO_LIMITS) -> None:
         self.manager = run.manager
         self.requests = VideoRequests(
-            run.manager, run.requests.folders, device_call(run.manager), limits, announce=gr.Info
+            run.manager,
+            run.requests.folders,
+            device_call(run.manager),
+            limits,
+            announce=gr.Info,
+            device_video=device_video(run.manager),
         )
+
+    def size_label(self, job: Any) -> str:
+        """The model's size as the photo tabs label it ("custom" for a --checkpoint model)."""
+        return self.manager.key(job.task.name, job.size)[1]
 
     def job(self, clip: Any, task: Any, size: Any, stride: Any, max_frames: Any, **tracking: Any) -> Any:
         return self.requests.job(
@@ -92,7 +101,7 @@ class VideoEndpoints:
         return (
             f"{info.width}x{info.height} at {info.fps:.3g} fps, {info.duration_s:.1f} s; "
             f"every {plan.stride} frame(s), output at {plan.fps_out:.3g} fps. "
-            f"{job.task.tab} {job.size}: {estimate.line(self.manager.cuda)}"
+            f"{job.task.tab} {self.size_label(job)}: {estimate.line(self.manager.cuda)}"
         )
 
     def run(
@@ -120,7 +129,7 @@ class VideoEndpoints:
             result = self.requests.run(job, report)
         warn(result.notices)
         line = (
-            f"{result.task} {job.size} · {result.frames} frames at {result.fps:.3g} fps · "
+            f"{result.task} {self.size_label(job)} · {result.frames} frames at {result.fps:.3g} fps · "
             f"total {result.timing['total_s']:.1f} s ({result.frames / result.timing['total_s']:.2f} frames/s)"
         )
         return [

@@ -20,6 +20,7 @@ reaches the pose model with caller boxes, so the pose forward stays one per batc
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import InputImageError, OptionError, Sapiens2Error
 from ..export import file_stem, safe_path
 from ..imaging import Intake, load_image
 from .exports import RAW_CAP_BYTES
@@ -211,28 +212,59 @@ def _process(
     opts: dict,
     timing: dict,
     batch_size: int,
-    progress: Progress | None,
-) -> tuple[int, tuple[int, int]]:
+    state: dict[str, Any],
+    budget_s: float | None,
+    take: int | None = None,
+) -> Iterator[int]:
     """Every batch through the pipeline into the writer (and the frames read into the source
-    writer, when there is one), then the deferred frames; returns (frames processed, (w, h))."""
+    writer, when there is one), yielding the frames done after each; ``state`` keeps the frames
+    done and their (w, h), and why the run stopped early (``stopped``): a device error after some
+    frames, or ``budget_s`` (seconds) about to run out."""
     writer, source = writers
-    done, size = 0, (0, 0)
+    t0 = time.perf_counter()
     frames = iter_frames(plan.info, stride=plan.stride, limits=limits)
+    if take is not None:
+        frames = islice(frames, take)  # the first ``take`` frames (a plan cut to the quota)
     for batch in _batches(frames, batch_size, timing):
-        size = size if done else (batch[0][1].shape[1], batch[0][1].shape[0])
-        for rendered in _run_batch(stages, infer, handler, batch, done, plan.info.fps, opts, timing):
+        done = state["done"]
+        state["size"] = state["size"] if done else (batch[0][1].shape[1], batch[0][1].shape[0])
+        tb = time.perf_counter()
+        try:
+            rendered_frames = _run_batch(stages, infer, handler, batch, done, plan.info.fps, opts, timing)
+        except (Sapiens2Error, RuntimeError, MemoryError) as err:
+            if not done or isinstance(err, InputImageError):
+                raise
+            state["stopped"] = f"the device failed ({err})"
+            break
+        for rendered in rendered_frames:
             writer.write(rendered)
         for _, rgb in batch if source is not None else ():
             source.write(rgb)  # type: ignore[union-attr]
-        done += len(batch)
-        if progress is not None:
-            progress(done, plan.frames)
+        state["done"] = done + len(batch)
+        yield state["done"]
+        now = time.perf_counter()
+        if budget_s is not None and (now - t0) + 1.5 * (now - tb) > budget_s:
+            state["stopped"] = f"the GPU time reserved ({budget_s:.0f} s of work) was about to run out"
+            break
     for rendered in handler.deferred():
         writer.write(rendered)
-    return done, size
 
 
-def run_video(
+def run_video(pipe: Any, source: str | Path, out_dir: str | Path, **kwargs: Any) -> VideoResult:
+    """Run ``pipe`` on the clip at ``source``; see :func:`iter_video` for the arguments.
+    ``progress(done, planned)`` after every batch."""
+    progress = kwargs.pop("progress", None)
+    result = None
+    for item in iter_video(pipe, source, out_dir, **kwargs):
+        if isinstance(item, VideoResult):
+            result = item
+        elif progress is not None:
+            progress(item[0], item[1])
+    assert result is not None
+    return result
+
+
+def iter_video(
     pipe: Any,
     source: str | Path,
     out_dir: str | Path,
@@ -247,13 +279,19 @@ def run_video(
     detect: Detect | None = None,
     depth_percentiles: tuple[float, float] = (1.0, 99.0),
     raw_cap_bytes: int = RAW_CAP_BYTES,
-    progress: Progress | None = None,
     infer: Infer | None = None,
     detect_many: DetectMany | None = None,
     source_video: bool = False,
     name: str | None = None,
-) -> VideoResult:
-    """Run ``pipe`` (a task pipeline) on every ``stride``-th frame of the clip at ``source``.
+    budget_s: float | None = None,
+    take: int | None = None,
+) -> Iterator[tuple[int, int | None] | VideoResult]:
+    """Run ``pipe`` (a task pipeline) on every ``stride``-th frame of the clip at ``source``,
+    yielding ``(frames done, frames planned)`` after every batch, then the :class:`VideoResult`.
+    ``budget_s``: stop before the next batch would pass this many seconds. ``take``: process
+    only the first ``take`` frames (after the stride). A device error after
+    some frames, or the budget, ends the clip early: the frames done are kept (a playable video
+    and its downloads) with a notice saying why.
 
     ``options``: the task's inference options, passed to prepare/infer/finish (pose: flip_test,
     score_threshold, max_people for the detector; normal: remove_background; pointmap:
@@ -271,6 +309,10 @@ def run_video(
     task = task or getattr(pipe, "task", None)
     opts = _checked(task, batch_size, options)
     plan = plan_video(source, stride=stride, limits=limits)
+    if take is not None:
+        if isinstance(take, bool) or not isinstance(take, int) or take < 1:
+            raise OptionError(f"take must be a whole number of frames >= 1, got {take!r}.")
+        plan = VideoPlan(plan.info, plan.stride, take if plan.frames is None else min(plan.frames, take))
     stages = staged(pipe)
     handler = _handler(
         task, pipe, opts, render_options or {}, detect=detect, detect_many=detect_many, tracking=tracking,
@@ -283,12 +325,14 @@ def run_video(
         VideoWriter(safe_path(out, stem, f"_source{VIDEO_SUFFIX}"), plan.fps_out) if source_video else None
     )
     timing = {"decode_s": 0.0, "infer_s": 0.0, "model_s": 0.0}
+    state: dict[str, Any] = {"done": 0, "size": (0, 0), "stopped": None}
     try:
         with writer, source or contextlib.nullcontext():
-            done, size = _process(
+            for done in _process(
                 plan, limits, stages, infer or stages.infer, handler, (writer, source), opts, timing,
-                batch_size, progress,
-            )  # fmt: skip
+                batch_size, state, budget_s, take,
+            ):  # fmt: skip
+                yield done, plan.frames
             video = writer.close()
             source_path = source.close() if source is not None else None
     except BaseException:
@@ -297,13 +341,38 @@ def run_video(
                 with contextlib.suppress(OSError):
                     w.path.unlink(missing_ok=True)  # never leave a half-written video behind
         raise
+    done, size = state["done"], state["size"]
     files = [video, *handler.exports(out, stem, fps=plan.fps_out, size=size)]
     timing["total_s"] = time.perf_counter() - t_start
-    return VideoResult(
+    notices = _notices(plan, size, handler)
+    if state["stopped"]:
+        planned = "" if plan.frames is None else f" of {plan.frames}"
+        notices.insert(0, f"Only the first {done}{planned} frames were processed: {state['stopped']}.")
+    yield VideoResult(
         task=task, video=video, files=files, source=plan.info, frames=done, fps=plan.fps_out,
-        size=size, codec=writer.codec or "", notices=_notices(plan, size, handler), timing=timing,
-        details=handler.summary(), source_video=source_path,
+        size=size, codec=writer.codec or "", notices=notices, timing=timing,
+        details={**handler.summary(), **({"stopped": state["stopped"]} if state["stopped"] else {})},
+        source_video=source_path,
     )  # fmt: skip
+
+
+#: Byte patterns of an audio track: MP4/MOV's sound handler ("hdlr" box, then "soun") and the
+#: Matroska/WebM codec ids of audio tracks. GIFs never have sound.
+_AUDIO = re.compile(rb"hdlr.{8}soun|A_(?:OPUS|VORBIS|AAC|MPEG|AC3|EAC3|FLAC|PCM)", re.DOTALL)
+
+
+def has_audio(path: str | Path, chunk: int = 4 * 1024 * 1024) -> bool:
+    """Whether the clip's container declares an audio track (a scan of its bytes, no decoder)."""
+    try:
+        with open(path, "rb") as fh:
+            tail = b""
+            while block := fh.read(chunk):
+                if _AUDIO.search(tail + block):
+                    return True
+                tail = block[-32:]
+    except OSError:
+        return False
+    return False
 
 
 def _checked(task: Any, batch_size: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -328,10 +397,11 @@ def _notices(plan: VideoPlan, size: tuple[int, int], handler: FrameHandler) -> l
         )
     if plan.stride > 1:
         notes.append(
-            f"Every {plan.stride}th frame was processed; the output plays at {plan.fps_out:.3g} fps so its "
+            f"One frame in {plan.stride} was processed; the output plays at {plan.fps_out:.3g} fps so its "
             "duration matches the clip."
         )
-    notes.append("The output video has no sound: audio is not carried over.")
+    if has_audio(info.path):
+        notes.append("The output video has no sound: the clip's audio is not carried over.")
     if handler.dropped_notices:
         notes_more = f"... and {handler.dropped_notices} more notice(s) from other frames (not listed)."
         return [*notes, *handler.notices, notes_more]
