@@ -123,6 +123,13 @@ def pose_pipe(tiny_checkpoints: dict[str, Path]) -> PosePipeline:
 # ----------------------------------------------------------------------------- fallback box and crops
 
 
+def same_point(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal within 1e-3 px or a few float32 steps: keypoints are float32, and at 3000 px one
+    float32 step is 2.4e-4 px, so the release's float64 arithmetic differs by a few steps there."""
+    tol = np.maximum(1e-3, 8 * np.spacing(np.abs(want).astype(np.float32)))
+    return bool((np.abs(got - want) <= tol).all())
+
+
 @pytest.mark.parametrize("name", ["600x471", "471x600", "4000x3000"])
 def test_whole_image_box_crop_and_keypoints_equal_the_release(
     pose_pipe: PosePipeline, photos: dict[str, np.ndarray], name: str
@@ -139,7 +146,7 @@ def test_whole_image_box_crop_and_keypoints_equal_the_release(
     kp_hm, _ = decode_heatmaps(hm.numpy())
     want = release_to_image(kp_hm[0].astype(np.float64), box, tuple(hm.shape[-2:]))
     found = res.scores[0] > 0
-    assert found.any() and np.abs(res.keypoints[0][found] - want[found]).max() < 1e-3
+    assert found.any() and same_point(res.keypoints[0][found], want[found])
     assert res.boxes.tolist() == [box] and res.detection_source == "whole_image"
 
 
@@ -187,7 +194,7 @@ def test_flip_test_runs_mirrors_in_the_same_batch_and_averages_as_the_release(
     for i, box in enumerate(boxes):
         want = release_to_image(kp_hm[i].astype(np.float64), box, tuple(hm.shape[-2:]))
         found = res.scores[i] > 0
-        assert np.abs(res.keypoints[i][found] - want[found]).max() < 1e-3
+        assert same_point(res.keypoints[i][found], want[found])
     assert res.flip_test
 
 
