@@ -24,7 +24,7 @@ from .cache import ModelManager
 from .folders import RequestFolders
 from .gpu_time import clamp, start_seconds, weight_bytes, work_seconds
 from .memory import is_out_of_memory, out_of_memory
-from .present import Presented, present
+from .present import Presented, Stages, present, run_info
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +86,26 @@ class RequestRunner:
         folders: RequestFolders | None = None,
         device_call: DeviceCall | None = None,
         announce: Callable[[str], None] | None = None,
+        preview_side: int | None = None,
     ) -> None:
         self.manager = manager
         self.folders = folders or RequestFolders()
         self.device_call = device_call or (lambda t, s, p, o, _sec: run_on_device(manager, t, s, p, o))
         self.announce = announce  # tells the visitor what a large run costs (ZeroGPU) before it starts
+        self.preview_side = preview_side  # a page's previews (present.PREVIEW_SIDE); None: none
 
-    def job(self, task: str, photos: Sequence[Any], size: str | None, options: Mapping[str, Any]) -> Job:
+    def job(
+        self,
+        task: str,
+        photos: Sequence[Any],
+        size: str | None,
+        options: Mapping[str, Any],
+        stages: Stages | None = None,
+    ) -> Job:
         """Read and check a request (CPU, no model): InputImageError / OptionError when bad."""
         decl = registry.get(task)
-        intakes = [read_photo(p) for p in photos]
+        with (stages or Stages()).timed("read"):
+            intakes = [read_photo(p) for p in photos]
         size = self.manager.resolve_size(decl.name, size)
         infer_opts, render_opts = decl.split(options, gpu=self.manager.cuda)
         return Job(decl, size, intakes, infer_opts, render_opts)
@@ -113,32 +123,48 @@ class RequestRunner:
         if notice and self.announce is not None:
             self.announce(notice)
 
-    def results(self, job: Job, announce: bool = True) -> list[Any]:
+    def results(self, job: Job, announce: bool = True, stages: Stages | None = None) -> list[Any]:
         """Load (here), prepare (here), infer (device call), finish (here): one result per photo.
-        ``announce``: tell the visitor first when the run is costly (see :meth:`tell_cost`)."""
+        ``announce``: tell the visitor first when the run is costly (see :meth:`tell_cost`).
+        ``stages``: where each step's seconds go (the run info)."""
         t0 = time.perf_counter()
+        stages = stages or Stages()
         name, size, opts = job.task.name, job.size, job.infer_opts
-        with self.manager.holding(self.manager.prepare(name, size, **opts)):
+        with stages.timed("load"):
+            held = self.manager.prepare(name, size, **opts)
+        with self.manager.holding(held):
             pipe = self.manager.get(name, size)
-            preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
+            with stages.timed("prepare"):
+                preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
             seconds = self.seconds(job)
             if announce:
                 self.tell_cost(seconds, f"This {job.task.tab.lower()} {size} run")
             try:
-                raws = self.device_call(name, size, preps, opts, seconds)
+                with stages.timed("device"):
+                    raws = self.device_call(name, size, preps, opts, seconds)
             except OutOfMemoryError:
                 self.manager.trim()  # a ZeroGPU worker trimmed its own copy; this process holds one too
                 raise
-        out = [pipe.finish(raw, intake, **opts) for raw, intake in zip(raws, job.intakes, strict=True)]
+        with stages.timed("finish"):
+            out = [pipe.finish(raw, intake, **opts) for raw, intake in zip(raws, job.intakes, strict=True)]
         for result in out:
             result.info.total_s = time.perf_counter() - t0
         return out
 
-    def run(self, task: str, photo: Any, size: str | None = None, **options: Any) -> Presented:
-        """One task on one photo, rendered and exported into a fresh request folder."""
-        job = self.job(task, [photo], size, options)
-        [result] = self.results(job)
-        return present(result, self.folders.new(), **job.render_opts)
+    def run(
+        self, task: str, photo: Any, size: str | None = None, *, stages: Stages | None = None, **options: Any
+    ) -> Presented:
+        """One task on one photo, rendered and exported into a fresh request folder.
+        ``stages``: where each step's seconds go (a fresh record if not given)."""
+        stages = stages or Stages()
+        job = self.job(task, [photo], size, options, stages)
+        [result] = self.results(job, stages=stages)
+        return self.present(result, job, stages)
+
+    def present(self, result: Any, job: Job, stages: Stages) -> Presented:
+        return present(
+            result, self.folders.new(), stages=stages, preview_side=self.preview_side, **job.render_opts
+        )
 
     def compare(
         self, task: str, photo_a: Any, photo_b: Any, size: str | None = None
@@ -147,8 +173,9 @@ class RequestRunner:
         decl = registry.get(task)
         if decl.compare is None:
             raise InputImageError(f"The {decl.api_name} task does not compare photos.")
-        a, b = self.results(self.job(decl.name, [photo_a, photo_b], size, {}))
-        line = f"{a.info.line()} | {b.info.line()}"
+        stages = Stages()
+        a, b = self.results(self.job(decl.name, [photo_a, photo_b], size, {}, stages), stages=stages)
+        line = run_info(f"{a.info.head()} (both photos)", stages)  # one forward made both results
         return decl.compare.score(a, b), line, [*a.notices, *b.notices]
 
     def run_all(
@@ -156,19 +183,24 @@ class RequestRunner:
     ) -> dict[str, Presented | Sapiens2Error]:
         """Every requested task (task -> (size, options)) on one photo, one device call per task
         (each within its own GPU budget). A task that fails gives its error object instead."""
-        intake = read_photo(photo)
+        read = Stages()
+        with read.timed("read"):
+            intake = read_photo(photo)
         out: dict[str, Presented | Sapiens2Error] = {}
         jobs: dict[str, Job] = {}
+        stages: dict[str, Stages] = {}
         for task, (size, options) in requests.items():
             try:
-                jobs[task] = self.job(task, [intake], size, options)
+                stages[task] = Stages()
+                stages[task].seconds.update(read.seconds)  # every task used the one read
+                jobs[task] = self.job(task, [intake], size, options, stages[task])
             except Sapiens2Error as err:
                 out[task] = err
         self.tell_cost(sum(self.seconds(job) for job in jobs.values()), "Running all tasks")
         for task, job in jobs.items():
             try:
-                [result] = self.results(job, announce=False)
-                out[task] = present(result, self.folders.new(), **job.render_opts)
+                [result] = self.results(job, announce=False, stages=stages[task])
+                out[task] = self.present(result, job, stages[task])
             except Sapiens2Error as err:
                 out[task] = err
         return {task: out[task] for task in requests}
