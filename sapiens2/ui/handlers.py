@@ -146,6 +146,12 @@ class Runner:
         self.requests = RequestRunner(
             manager, folders, device_call(manager), announce=gr.Info, preview_side=PREVIEW_SIDE
         )
+        # Downloads and previews are served from the request folders as they are: Gradio would
+        # otherwise hash and copy every output into its cache after each run (hundreds of MB for
+        # a 12 MP pointmap). The folders' names are unguessable (RequestFolders.new).
+        root = self.requests.folders.root
+        root.mkdir(parents=True, exist_ok=True)
+        gr.set_static_paths([root])
 
     def __call__(
         self, task: str, photo: Any, size: str | None, progress: Any = None, **options: Any
@@ -185,10 +191,12 @@ class Runner:
         status = f"{len(jobs) - len(failed)} of {len(jobs)} tasks done"
         if failed:
             status += " (skipped: " + ", ".join(title[t] for t in failed) + ")"
-        stages = Stages()
-        for task, value in shown.items():
-            if isinstance(value, Presented):
-                stages.add(title[task], value.stages.total())
+        done = [v for v in shown.values() if isinstance(v, Presented)]
+        stages = Stages()  # the photo was read once for every task: counted once
+        read = min((v.stages.seconds.get("read", 0.0) for v in done), default=0.0)
+        stages.add("read", read)
+        for value in done:
+            stages.add(title[value.task], value.stages.total() - read)
         stages.add("other", max(0.0, time.perf_counter() - t0 - stages.total()))
         return shown, RunInfo(status, stages)
 
