@@ -505,7 +505,7 @@ def pca_rgb(features: Any, out_hw: tuple[int, int] | None = None, mask: Any = No
         lo, hi = np.percentile(proj[valid], [1.0, 99.0], axis=0)
         rgb = np.clip((proj - lo) / np.maximum(hi - lo, 1e-12), 0.0, 1.0).astype(np.float32) * 255.0
         rgb[~valid] = 0.0
-    img = rgb.reshape(h, w, 3)
-    if out_hw is not None:
+    img = np.clip(rgb.reshape(h, w, 3) + 0.5, 0, 255).astype(np.uint8)
+    if out_hw is not None:  # resized as uint8: at photo size a float copy is 12 bytes per pixel
         img = cv2.resize(img, (int(out_hw[1]), int(out_hw[0])), interpolation=cv2.INTER_LINEAR)
-    return np.clip(img + 0.5, 0, 255).astype(np.uint8)
+    return img
