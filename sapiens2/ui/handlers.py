@@ -190,7 +190,7 @@ class Runner:
                 warn(value.notices, f"{title[task]}: ")
         status = f"{len(jobs) - len(failed)} of {len(jobs)} tasks done"
         if failed:
-            status += " (skipped: " + ", ".join(title[t] for t in failed) + ")"
+            status += " · Skipped: " + ", ".join(title[t] for t in failed)
         done = [v for v in shown.values() if isinstance(v, Presented)]
         stages = Stages()  # the photo was read once for every task: counted once
         read = min((v.stages.seconds.get("read", 0.0) for v in done), default=0.0)
