@@ -636,8 +636,11 @@ def test_app_upload_names_never_become_paths(client, tmp_path: Path) -> None:
     before = set(client.requests_root.rglob("*"))
     client.predict(handle_file(str(odd)), "0.4b", 0.5, [], api_name="/seg")
     written = sorted(set(client.requests_root.rglob("*")) - before)
-    files = [p for p in written if p.is_file()]
+    previews = [p for p in written if p.is_file() and p.parent.name == "preview"]  # fixed names
+    assert sorted(p.name for p in previews) == ["after.jpg", "before.jpg"]
+    files = [p for p in written if p.is_file() and p not in previews]
     assert len(files) == 4 and len({p.parent for p in files}) == 1  # one fresh folder per request
+    assert previews[0].parent.parent == files[0].parent
     folder = files[0].parent
     assert folder.parent == client.requests_root and folder.name.startswith("req-")
     for p in files:
