@@ -64,7 +64,7 @@ def build_demo(
     ) as demo:
         gr.Markdown(
             "# Sapiens2: human vision in one place\n"
-            "Load a photo once, then run any tab on it (or **All tasks**). Every result has a "
+            "Load a photo once, then run any tab on it (or **Run all tasks**). Every result has a "
             "before/after view, downloads, and an API (see *Use via API* at the bottom)."
         )
         with gr.Row():
@@ -76,7 +76,7 @@ def build_demo(
                 )
             with gr.Column(scale=2):
                 all_button = gr.Button("Run all tasks", variant="secondary")
-                all_status = gr.Textbox(label="All tasks", interactive=False, max_lines=2)
+                all_status = gr.Textbox(label="Run all tasks: status", interactive=False, max_lines=4)
                 gr.Markdown(
                     f"Photos up to {MAX_FILE_SIZE}; sides above 4096 px are downscaled for inference "
                     "and results mapped back. Weights download from the Hub on first use."

@@ -259,26 +259,34 @@ def blend_segmentation(
     return out
 
 
+#: Legend layout: text readable when the page shows the legend at about its own size.
+LEGEND_FONT_SCALE, LEGEND_ROW_H, LEGEND_PAD, LEGEND_SWATCH, LEGEND_ROWS_PER_COLUMN = 0.8, 36, 10, 24, 8
+
+
 def segmentation_legend(
     class_ids: Sequence[int], shares: Mapping[int, float] | Sequence[float] | np.ndarray | None = None
 ) -> np.ndarray:
-    """A white legend image: one row per class id given (swatch, name, optional percentage).
+    """A white legend image: one entry per class id given (swatch, name, optional percentage),
+    in columns of at most :data:`LEGEND_ROWS_PER_COLUMN` so the legend stays wide, not tall.
 
     shares: fraction per class, as a mapping id -> fraction or a length-29 sequence (e.g. from
-    ``class_shares``). Ids are listed once, in the order given.
+    ``class_shares``). A class whose share would print as 0.0% is left out. Ids are listed once,
+    in the order given.
     """
     ids = list(dict.fromkeys(int(c) for c in class_ids))
     seg_class_ids(ids)  # raises OptionError (listing the valid classes) for an unknown id
-    rows = [SEG_CLASS_NAMES[c] + _share_text(shares, c) for c in ids]
-    font, scale, thick, row_h, pad, swatch = cv2.FONT_HERSHEY_SIMPLEX, 0.5, 1, 26, 8, 18
-    text_w = max([cv2.getTextSize(t, font, scale, thick)[0][0] for t in rows] or [60])
-    canvas = np.full((pad * 2 + row_h * max(1, len(rows)), pad * 3 + swatch + text_w, 3), 255, np.uint8)
-    if not rows:
-        cv2.putText(canvas, "(none)", (pad, pad + 17), font, scale, (0, 0, 0), thick, cv2.LINE_AA)
-    for r, (c, text) in enumerate(zip(ids, rows, strict=True)):
-        y = pad + r * row_h
-        canvas[y + 4 : y + 4 + swatch, pad : pad + swatch] = SEG_PALETTE[c]
-        cv2.putText(canvas, text, (pad * 2 + swatch, y + 18), font, scale, (0, 0, 0), thick, cv2.LINE_AA)
+    ids = [c for c in ids if _share_text(shares, c) != _share_text({c: 0.0}, c)]  # not "0.0%"
+    rows = [SEG_CLASS_NAMES[c] + _share_text(shares, c) for c in ids] or ["(none)"]
+    font, scale, thick = cv2.FONT_HERSHEY_SIMPLEX, LEGEND_FONT_SCALE, 2
+    pad, row_h, swatch, per_col = LEGEND_PAD, LEGEND_ROW_H, LEGEND_SWATCH, LEGEND_ROWS_PER_COLUMN
+    col_w = pad * 3 + swatch + max(cv2.getTextSize(t, font, scale, thick)[0][0] for t in rows)
+    n_cols = -(-len(rows) // per_col)
+    canvas = np.full((pad * 2 + row_h * min(len(rows), per_col), pad + col_w * n_cols, 3), 255, np.uint8)
+    for r, text in enumerate(rows):
+        x, y = pad + (r // per_col) * col_w, pad + (r % per_col) * row_h
+        if ids:
+            canvas[y + 6 : y + 6 + swatch, x : x + swatch] = SEG_PALETTE[ids[r]]
+        cv2.putText(canvas, text, (x + swatch + pad, y + 26), font, scale, (0, 0, 0), thick, cv2.LINE_AA)
     return canvas
 
 
@@ -497,7 +505,7 @@ def pca_rgb(features: Any, out_hw: tuple[int, int] | None = None, mask: Any = No
         lo, hi = np.percentile(proj[valid], [1.0, 99.0], axis=0)
         rgb = np.clip((proj - lo) / np.maximum(hi - lo, 1e-12), 0.0, 1.0).astype(np.float32) * 255.0
         rgb[~valid] = 0.0
-    img = rgb.reshape(h, w, 3)
-    if out_hw is not None:
+    img = np.clip(rgb.reshape(h, w, 3) + 0.5, 0, 255).astype(np.uint8)
+    if out_hw is not None:  # resized as uint8: at photo size a float copy is 12 bytes per pixel
         img = cv2.resize(img, (int(out_hw[1]), int(out_hw[0])), interpolation=cv2.INTER_LINEAR)
-    return np.clip(img + 0.5, 0, 255).astype(np.uint8)
+    return img

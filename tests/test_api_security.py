@@ -275,8 +275,12 @@ def test_uploads_and_data_urls_work_and_outputs_stay_in_their_folder(server: Ser
     url = "data:image/png;base64," + base64.b64encode(photo.read_bytes()).decode()
     event, data, _ = server.call("seg", seg_args({"url": url, "meta": META}))
     assert event == "complete"
-    written = [p for p in set(server.requests_root.rglob("*")) - before if p.is_file()]
+    new = [p for p in set(server.requests_root.rglob("*")) - before if p.is_file()]
+    previews = [p for p in new if p.parent.name == "preview"]  # the page's small pictures
+    assert sorted(p.name for p in previews) == ["after.jpg", "after.jpg", "before.jpg", "before.jpg"]
+    written = [p for p in new if p not in previews]
     folders = {p.parent for p in written}
+    assert {p.parent.parent for p in previews} == folders
     assert len(written) == 8 and len(folders) == 2  # one fresh folder per request, nothing else
     for folder in folders:
         assert folder.parent == server.requests_root and folder.name.startswith("req-")

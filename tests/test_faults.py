@@ -354,10 +354,16 @@ def test_user_supplied_names_never_become_paths(tiny_checkpoints, app_module, tm
         assert folder.parent == requests and folder.name.startswith("req-")
         for p in shown.files:
             assert p.parent == folder and p.resolve().is_relative_to(requests.resolve())
-            assert re.fullmatch(r"[A-Za-z0-9_-]+_(pose|coco17|openpose_body25|openpose_coco18|openpose)\.(json|png)", p.name), p.name
+            assert re.fullmatch(
+                r"[A-Za-z0-9_-]+_(pose|coco17|openpose_body25|openpose_coco18|openpose)\.(json|png)", p.name
+            ), p.name
     assert first.files[0].parent != second.files[0].parent  # each request has its own folder
     everything = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert sorted(everything) == sorted(first.files + second.files)  # nothing written anywhere else
+    previews = [p for shown in (first, second) for p in shown.previews]  # fixed names, beside the files
+    assert all(
+        p.parent == shown.files[0].parent / "preview" for shown in (first, second) for p in shown.previews
+    )
+    assert sorted(everything) == sorted(first.files + second.files + previews)  # nothing anywhere else
 
 
 def test_a_result_renamed_to_a_path_still_saves_inside_its_folder(tiny_checkpoints, tmp_path) -> None:

@@ -577,7 +577,11 @@ def test_app_runs_odd_but_valid_files(client, tmp_path: Path) -> None:
         path = tmp_path / name
         path.write_bytes({c[0]: c[1] for c in CORPUS}[name]())
         pair, _, files, line = client.predict(handle_file(str(path)), "0.4b", 0.5, [], api_name="/seg")
-        assert Image.open(pair[1]).size == Image.open(path).size and line.startswith("seg ")
+        size = Image.open(path).size
+        blended = next(f for f in files if f.endswith("_seg.png"))  # downloads keep the photo's size
+        assert Image.open(blended).size == size and line.startswith("seg ")
+        shown = Image.open(pair[1]).size  # the page's preview: at most 2048 px long (strip: 10000x2)
+        assert shown == size if max(size) <= 2048 else max(shown) == 2048
 
 
 def test_app_matting_background_of_another_size_and_mode(client, tmp_path: Path) -> None:
@@ -636,8 +640,11 @@ def test_app_upload_names_never_become_paths(client, tmp_path: Path) -> None:
     before = set(client.requests_root.rglob("*"))
     client.predict(handle_file(str(odd)), "0.4b", 0.5, [], api_name="/seg")
     written = sorted(set(client.requests_root.rglob("*")) - before)
-    files = [p for p in written if p.is_file()]
+    previews = [p for p in written if p.is_file() and p.parent.name == "preview"]  # fixed names
+    assert sorted(p.name for p in previews) == ["after.jpg", "before.jpg"]
+    files = [p for p in written if p.is_file() and p not in previews]
     assert len(files) == 4 and len({p.parent for p in files}) == 1  # one fresh folder per request
+    assert previews[0].parent.parent == files[0].parent
     folder = files[0].parent
     assert folder.parent == client.requests_root and folder.name.startswith("req-")
     for p in files:

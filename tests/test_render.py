@@ -160,18 +160,43 @@ def test_legend_lists_exactly_the_classes_present() -> None:
     shares = render.class_shares(labels)
     assert shares[4] == pytest.approx(0.25) and shares.sum() == pytest.approx(1.0)
     legend = render.segmentation_legend(present, shares)
-    assert legend.dtype == np.uint8 and legend.shape[0] == 2 * 8 + 26 * len(present)
+    assert legend.dtype == np.uint8 and legend.shape[0] == 2 * render.LEGEND_PAD + render.LEGEND_ROW_H * len(
+        present
+    )
     flat = legend.reshape(-1, 3)
     for c in range(len(SEG_CLASS_NAMES)):
         colour = SEG_PALETTE[c]
         count = int((flat == colour).all(axis=1).sum())
         if c in present:
-            assert count >= 18 * 18
+            assert count >= render.LEGEND_SWATCH**2
         elif len(set(colour.tolist())) > 1:  # grey colours may appear in antialiased text
             assert count == 0, SEG_CLASS_NAMES[c]
-    assert render.segmentation_legend([]).shape[0] == 2 * 8 + 26
+    assert render.segmentation_legend([]).shape[0] == 2 * render.LEGEND_PAD + render.LEGEND_ROW_H
     with pytest.raises(OptionError, match="Valid classes .*Background, Apparel"):
         render.segmentation_legend([3, 40])
+
+
+def _text_height(legend: np.ndarray) -> int:
+    """Rows of the first entry's text (dark pixels right of the swatch): the glyphs' height."""
+    x0 = render.LEGEND_PAD * 2 + render.LEGEND_SWATCH
+    dark = (legend[: render.LEGEND_PAD + render.LEGEND_ROW_H, x0:] < 100).all(axis=2).any(axis=1)
+    rows = np.flatnonzero(dark)
+    return int(rows[-1] - rows[0] + 1)
+
+
+def test_legend_text_is_readable_and_skips_classes_at_zero_percent() -> None:
+    labels = np.zeros((100, 100), int)
+    labels[:30] = 4  # Hair: 30 %
+    labels[0, 0] = 7  # 0.01 %: prints as 0.0 %, so it is left out
+    shares = render.class_shares(labels)
+    legend = render.segmentation_legend(np.unique(labels), shares)
+    assert legend.shape[0] == 2 * render.LEGEND_PAD + 2 * render.LEGEND_ROW_H  # Background and Hair only
+    assert (legend.reshape(-1, 3) == SEG_PALETTE[7]).all(axis=1).sum() == 0
+    assert _text_height(legend) >= 16  # capitals about 17 px high (the old legend: 11 px, shown ~8 px)
+    # many classes: columns, so the legend stays wide rather than tall
+    everything = render.segmentation_legend(range(len(SEG_CLASS_NAMES)))
+    assert everything.shape[0] == 2 * render.LEGEND_PAD + render.LEGEND_ROW_H * render.LEGEND_ROWS_PER_COLUMN
+    assert everything.shape[1] > everything.shape[0]
 
 
 def test_seg_class_ids_matches_loosely_and_lists_valid_names_on_error() -> None:

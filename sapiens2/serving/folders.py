@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 import threading
@@ -11,9 +12,11 @@ from pathlib import Path
 
 class RequestFolders:
     """One fresh output folder per request under ``root``; folders older than ``max_age_s``
-    are deleted when new ones are made (the server copies outputs to its own cache at once)."""
+    are deleted when new ones are made. The app serves downloads straight from these folders
+    (no copy into Gradio's cache), so a folder's name is 128 random bits: nobody can guess
+    another visitor's, as nobody can guess a Gradio cache folder (a hash of the file)."""
 
-    def __init__(self, root: str | Path | None = None, max_age_s: float = 900.0) -> None:
+    def __init__(self, root: str | Path | None = None, max_age_s: float = 1800.0) -> None:
         self.root = Path(root) if root else Path(tempfile.gettempdir()) / "sapiens2-requests"
         self.max_age_s = float(max_age_s)
         self._last_prune = 0.0
@@ -22,7 +25,9 @@ class RequestFolders:
     def new(self) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         self.prune()
-        return Path(tempfile.mkdtemp(prefix="req-", dir=self.root))
+        folder = self.root / f"req-{secrets.token_hex(16)}"
+        folder.mkdir(mode=0o700)
+        return folder
 
     def prune(self, force: bool = False) -> int:
         """Delete request folders older than ``max_age_s``; returns how many were removed."""

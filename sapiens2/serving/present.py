@@ -1,16 +1,52 @@
-"""From a task result to what a front end shows: the rendering, the files, the declared views."""
+"""From a task result to what a front end shows: the rendering, the files, the declared views,
+small previews for the page, and the time each stage of the request took (the run info)."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from ..tasks import registry
+
+#: Long side of the pictures a page shows: a screen needs no more; downloads keep full size.
+PREVIEW_SIDE = 2048
+PREVIEW_JPEG_QUALITY = 90
+
+
+class Stages:
+    """Wall seconds per stage of one request, in the order the stages first ran."""
+
+    def __init__(self, listener: Callable[[str], None] | None = None) -> None:
+        self.seconds: dict[str, float] = {}
+        self.listener = listener  # told each stage's name as it starts (a page's progress bar)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + float(seconds)
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        if self.listener is not None:
+            self.listener(name)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def breakdown(self) -> str:
+        """``read 0.31 · prepare 0.02 · ...`` (seconds)."""
+        return " · ".join(f"{name} {s:.2f}" for name, s in self.seconds.items())
 
 
 @dataclass
@@ -21,9 +57,24 @@ class Presented:
     before: np.ndarray  # the upright input photo
     after: np.ndarray  # the rendering (the same picture as the saved PNG)
     files: list[Path]
-    line: str  # run info: model, device, dtype, model time, total time
+    head: str  # how it was made: model, size, device, dtype, model seconds
     notices: list[str] = field(default_factory=list)
     views: list[Any] = field(default_factory=list)  # values of the task's declared views, in order
+    stages: Stages = field(default_factory=Stages)
+    #: JPEG previews of ``before`` / ``after`` (long side <= PREVIEW_SIDE), when asked for
+    previews: tuple[Path, Path] | None = None
+
+    @property
+    def line(self) -> str:
+        """The run info: how the result was made, the total, then every stage's seconds."""
+        return run_info(self.head, self.stages)
+
+
+def run_info(head: str, stages: Stages, total: float | None = None) -> str:
+    """``head · total X s`` then the stage breakdown on a second line; ``total`` defaults to the
+    sum of the stages."""
+    total = stages.total() if total is None else total
+    return f"{head} · total {total:.2f} s\n{stages.breakdown()}"
 
 
 def accepted(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -34,19 +85,67 @@ def accepted(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> dict[str, Any
     return {k: v for k, v in kwargs.items() if k in params}
 
 
-def present(result: Any, out_dir: str | Path, **render_opts: Any) -> Presented:
+def preview(image: np.ndarray, max_side: int = PREVIEW_SIDE) -> np.ndarray:
+    """``image`` shrunk (INTER_AREA) so its long side is at most ``max_side``; the same array
+    when it already fits (no copy)."""
+    h, w = image.shape[:2]
+    scale = max_side / max(h, w)
+    if scale >= 1.0:
+        return image
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    return cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+
+
+def write_preview(path: Path, image: np.ndarray, max_side: int = PREVIEW_SIDE) -> Path:
+    """A JPEG of ``image`` (RGB uint8) no larger than ``max_side``: small to send and to show."""
+    small = np.ascontiguousarray(preview(image, max_side)[..., ::-1])  # cv2 encodes BGR
+    ok, buf = cv2.imencode(".jpg", small, [cv2.IMWRITE_JPEG_QUALITY, PREVIEW_JPEG_QUALITY])
+    if not ok:  # pragma: no cover - any uint8 RGB array encodes
+        raise ValueError(f"could not encode a preview of shape {image.shape}")
+    path.write_bytes(buf.tobytes())
+    return path
+
+
+def present(
+    result: Any,
+    out_dir: str | Path,
+    *,
+    stages: Stages | None = None,
+    preview_side: int | None = None,
+    **render_opts: Any,
+) -> Presented:
     """Render ``result`` with the (validated) rendering options and write its exports into
-    ``out_dir``; the saved picture is the one shown, so downloads match the screen."""
+    ``out_dir``; the saved picture is the one shown, so downloads match the screen.
+
+    ``stages``: where to add this step's timings (render, downloads, previews, views).
+    ``preview_side``: also write JPEG previews of the photo and the rendering, that long at most
+    (into ``out_dir/preview``, apart from the downloads)."""
+    stages = stages or Stages()
     task = registry.get(result.info.task)
     args = task.render_args(render_opts)
-    after = result.render(**accepted(result.render, args))
-    files = [Path(p) for p in result.save(Path(out_dir), rendered=after, **accepted(result.save, args))]
+    with stages.timed("render"):
+        after = result.render(**accepted(result.render, args))
+    with stages.timed("downloads"):
+        files = [Path(p) for p in result.save(Path(out_dir), rendered=after, **accepted(result.save, args))]
+    previews = None
+    if preview_side is not None:
+        with stages.timed("previews"):
+            folder = Path(out_dir) / "preview"
+            folder.mkdir(exist_ok=True)
+            previews = (
+                write_preview(folder / "before.jpg", result.image, preview_side),
+                write_preview(folder / "after.jpg", after, preview_side),
+            )
+    with stages.timed("views"):
+        views = [view.value(result, files) for view in task.views]
     return Presented(
         task=task.name,
         before=result.image,
         after=after,
         files=files,
-        line=result.info.line(),
+        head=result.info.head(),
         notices=list(result.notices),
-        views=[view.value(result, files) for view in task.views],
+        views=views,
+        stages=stages,
+        previews=previews,
     )

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GpuUnavailableError, InputImageError, OutOfMemoryError, Sapiens2Error
@@ -25,7 +25,7 @@ from .cache import ModelManager
 from .folders import RequestFolders
 from .gpu_time import reservation, weight_bytes, work_seconds
 from .memory import is_out_of_memory, out_of_memory
-from .present import Presented, present
+from .present import Presented, Stages, present, run_info
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class Job:
     intakes: list[Intake]
     infer_opts: dict[str, Any]
     render_opts: dict[str, Any]
+    stages: Stages = field(default_factory=Stages)  # each step's seconds (the run info)
 
     @property
     def pixels(self) -> list[int]:
@@ -103,20 +104,32 @@ class RequestRunner:
         device_call: DeviceCall | None = None,
         announce: Callable[[str], None] | None = None,
         device_many: DeviceMany | None = None,
+        preview_side: int | None = None,
     ) -> None:
         self.manager = manager
         self.folders = folders or RequestFolders()
         self.device_call = device_call or (lambda t, s, p, o, _sec: run_on_device(manager, t, s, p, o))
         self.device_many = device_many or (lambda jobs, _sec: many_on_device(manager, jobs))
         self.announce = announce  # tells the visitor what a large run costs (ZeroGPU) before it starts
+        self.preview_side = preview_side  # a page's previews (present.PREVIEW_SIDE); None: none
 
-    def job(self, task: str, photos: Sequence[Any], size: str | None, options: Mapping[str, Any]) -> Job:
-        """Read and check a request (CPU, no model): InputImageError / OptionError when bad."""
+    def job(
+        self,
+        task: str,
+        photos: Sequence[Any],
+        size: str | None,
+        options: Mapping[str, Any],
+        stages: Stages | None = None,
+    ) -> Job:
+        """Read and check a request (CPU, no model): InputImageError / OptionError when bad.
+        ``stages``: where each step's seconds go (a fresh record if not given)."""
         decl = registry.get(task)
-        intakes = [read_photo(p) for p in photos]
+        stages = stages or Stages()
+        with stages.timed("read"):
+            intakes = [read_photo(p) for p in photos]
         size = self.manager.resolve_size(decl.name, size)
         infer_opts, render_opts = decl.split(options, gpu=self.manager.cuda)
-        return Job(decl, size, intakes, infer_opts, render_opts)
+        return Job(decl, size, intakes, infer_opts, render_opts, stages)
 
     def seconds(self, *jobs: Job) -> int:
         """The GPU seconds to reserve for one device call running ``jobs``: a fresh worker's
@@ -135,28 +148,42 @@ class RequestRunner:
         """Load (here), prepare (here), infer (device call), finish (here): one result per photo.
         ``announce``: tell the visitor first when the run is costly (see :meth:`tell_cost`)."""
         t0 = time.perf_counter()
+        stages = job.stages
         name, size, opts = job.task.name, job.size, job.infer_opts
-        with self.manager.holding(self.manager.prepare(name, size, **opts)):
+        with stages.timed("load"):
+            held = self.manager.prepare(name, size, **opts)
+        with self.manager.holding(held):
             pipe = self.manager.get(name, size)
-            preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
+            with stages.timed("prepare"):
+                preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
             seconds = self.seconds(job)
             if announce:
                 self.tell_cost(seconds, f"This {job.task.tab.lower()} {size} run")
             try:
-                raws = self.device_call(name, size, preps, opts, seconds)
+                with stages.timed("device"):
+                    raws = self.device_call(name, size, preps, opts, seconds)
             except OutOfMemoryError:
                 self.manager.trim()  # a ZeroGPU worker trimmed its own copy; this process holds one too
                 raise
-        out = [pipe.finish(raw, intake, **opts) for raw, intake in zip(raws, job.intakes, strict=True)]
+        with stages.timed("finish"):
+            out = [pipe.finish(raw, intake, **opts) for raw, intake in zip(raws, job.intakes, strict=True)]
         for result in out:
             result.info.total_s = time.perf_counter() - t0
         return out
 
-    def run(self, task: str, photo: Any, size: str | None = None, **options: Any) -> Presented:
-        """One task on one photo, rendered and exported into a fresh request folder."""
-        job = self.job(task, [photo], size, options)
+    def run(
+        self, task: str, photo: Any, size: str | None = None, *, stages: Stages | None = None, **options: Any
+    ) -> Presented:
+        """One task on one photo, rendered and exported into a fresh request folder.
+        ``stages``: where each step's seconds go (a fresh record if not given)."""
+        job = self.job(task, [photo], size, options, stages)
         [result] = self.results(job)
-        return present(result, self.folders.new(), **job.render_opts)
+        return self.present(result, job)
+
+    def present(self, result: Any, job: Job) -> Presented:
+        return present(
+            result, self.folders.new(), stages=job.stages, preview_side=self.preview_side, **job.render_opts
+        )
 
     def compare(
         self, task: str, photo_a: Any, photo_b: Any, size: str | None = None
@@ -165,8 +192,9 @@ class RequestRunner:
         decl = registry.get(task)
         if decl.compare is None:
             raise InputImageError(f"The {decl.api_name} task does not compare photos.")
-        a, b = self.results(self.job(decl.name, [photo_a, photo_b], size, {}))
-        line = f"{a.info.line()} | {b.info.line()}"
+        job = self.job(decl.name, [photo_a, photo_b], size, {})
+        a, b = self.results(job)
+        line = run_info(f"{a.info.head()} (both photos)", job.stages)  # one forward made both results
         return decl.compare.score(a, b), line, [*a.notices, *b.notices]
 
     def run_all(
@@ -177,12 +205,16 @@ class RequestRunner:
         ZeroGPU refuses the admission for quota, the tasks that fit in the seconds left run (one
         more admission) and the others get one error saying which, why and what helps; when the
         GPU fails partway, every task already done is kept."""
-        intake = read_photo(photo)
+        read = Stages()
+        with read.timed("read"):
+            intake = read_photo(photo)
         out: dict[str, Presented | Sapiens2Error] = {}
         jobs: dict[str, Job] = {}
         for task, (size, options) in requests.items():
             try:
-                jobs[task] = self.job(task, [intake], size, options)
+                stages = Stages()
+                stages.seconds.update(read.seconds)  # every task used the one read
+                jobs[task] = self.job(task, [intake], size, options, stages)
             except Sapiens2Error as err:
                 out[task] = err
         with ExitStack() as held:
@@ -199,9 +231,11 @@ class RequestRunner:
         for task, job in jobs.items():
             name, size, opts = job.task.name, job.size, job.infer_opts
             try:
-                held.enter_context(self.manager.holding(self.manager.prepare(name, size, **opts)))
+                with job.stages.timed("load"):
+                    held.enter_context(self.manager.holding(self.manager.prepare(name, size, **opts)))
                 pipe = self.manager.get(name, size)
-                ready[task] = (job, pipe, [pipe.prepare(i, **opts) for i in job.intakes])
+                with job.stages.timed("prepare"):
+                    ready[task] = (job, pipe, [pipe.prepare(i, **opts) for i in job.intakes])
             except Sapiens2Error as err:
                 out[task] = err
         return ready
@@ -219,8 +253,11 @@ class RequestRunner:
         t0 = time.perf_counter()
         calls = [(j.task.name, j.size, preps, j.infer_opts) for j, _, preps in ready.values()]
         try:
+            arrived = t0
             for i, raws in self.device_many(calls, self.seconds(*[j for j, _, _ in ready.values()])):
+                ready[names[i]][0].stages.add("device", time.perf_counter() - arrived)  # since the last
                 out[names[i]] = self._present(ready[names[i]], raws, t0)
+                arrived = time.perf_counter()
         except OutOfMemoryError:
             self.manager.trim()
             raise
@@ -255,9 +292,12 @@ class RequestRunner:
             return raws
         job, pipe, _ = ready
         try:
-            [result] = [pipe.finish(r, i, **job.infer_opts) for r, i in zip(raws, job.intakes, strict=True)]
+            with job.stages.timed("finish"):
+                [result] = [
+                    pipe.finish(r, i, **job.infer_opts) for r, i in zip(raws, job.intakes, strict=True)
+                ]
             result.info.total_s = time.perf_counter() - t0
-            return present(result, self.folders.new(), **job.render_opts)
+            return self.present(result, job)
         except Sapiens2Error as err:
             return err
 

@@ -42,12 +42,13 @@ class RunInfo:
     #: model for stage timing (bench/request.py) without timers inside the pipelines
     forward_started: float | None = None
 
-    def line(self) -> str:
+    def head(self) -> str:
+        """How the result was made (model, device, dtype, model seconds), without the total."""
         size = self.size or "custom"
-        return (
-            f"{self.task} {size} · {self.device} · {self.dtype} · "
-            f"model {self.model_s:.2f} s · total {self.total_s:.2f} s"
-        )
+        return f"{self.task} {size} · {self.device} · {self.dtype} · model {self.model_s:.2f} s"
+
+    def line(self) -> str:
+        return f"{self.head()} · total {self.total_s:.2f} s"
 
 
 @dataclass

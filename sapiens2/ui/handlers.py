@@ -9,8 +9,11 @@ server carries on.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -34,6 +37,7 @@ from ..errors import (
 )
 from ..options import Option
 from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, is_out_of_memory
+from ..serving.present import PREVIEW_SIDE, Stages, run_info
 from ..tasks.registry import Task
 from .gpu import device_call, device_many
 
@@ -83,9 +87,54 @@ def reported(manager: ModelManager) -> Iterator[None]:
         serving.release_memory()  # looked up at call time (tests count the calls)
 
 
+_TOLD: set[str] = set()  # notices already shown as a pop-up by this server
+_TOLD_LOCK = threading.Lock()
+
+
 def warn(notices: list[str], prefix: str = "") -> None:
+    """A pop-up per notice, once per server for the same words: a standing condition (e.g. the
+    person detector's weights are missing) would otherwise cover the page on every run. Every
+    notice is also in the result's run info, every time."""
     for notice in notices:
-        gr.Warning(f"{prefix}{notice}")
+        with _TOLD_LOCK:
+            new = notice not in _TOLD
+            _TOLD.add(notice)
+        if new:
+            gr.Warning(f"{prefix}{notice}")
+
+
+class RunInfo(str):
+    """The run info text, carrying its stages so the page's timing wrapper (see
+    :func:`time_requests`) can add Gradio's own stages and the end-to-end total."""
+
+    head: str
+    stages: Stages
+    notices: list[str]
+
+    def __new__(cls, head: str, stages: Stages, notices: list[str] | None = None) -> RunInfo:
+        obj = super().__new__(cls, with_notices(run_info(head, stages), notices or []))
+        obj.head, obj.stages, obj.notices = head, stages, list(notices or [])
+        return obj
+
+    def final(self, extra: dict[str, float], total: float) -> str:
+        stages = Stages()
+        stages.seconds = {**self.stages.seconds, **extra}
+        return with_notices(run_info(self.head, stages, total), self.notices)
+
+
+def with_notices(text: str, notices: list[str]) -> str:
+    return text + "".join(f"\nNote: {n}" for n in notices)
+
+
+def stage_progress(progress: Any) -> Stages:
+    """A stage record that moves the page's progress bar as each stage starts."""
+    order = ["read", "load", "prepare", "device", "finish", "render", "downloads", "previews", "views"]
+
+    def started(name: str) -> None:
+        if progress is not None and name in order:
+            progress((order.index(name), len(order)), desc=name)
+
+    return Stages(started)
 
 
 class Runner:
@@ -95,12 +144,25 @@ class Runner:
     def __init__(self, manager: ModelManager, folders: RequestFolders | None = None) -> None:
         self.manager = manager
         self.requests = RequestRunner(
-            manager, folders, device_call(manager), announce=gr.Info, device_many=device_many(manager)
+            manager,
+            folders,
+            device_call(manager),
+            announce=gr.Info,
+            device_many=device_many(manager),
+            preview_side=PREVIEW_SIDE,
         )
+        # Downloads and previews are served from the request folders as they are: Gradio would
+        # otherwise hash and copy every output into its cache after each run (hundreds of MB for
+        # a 12 MP pointmap). The folders' names are unguessable (RequestFolders.new).
+        root = self.requests.folders.root
+        root.mkdir(parents=True, exist_ok=True)
+        gr.set_static_paths([root])
 
-    def __call__(self, task: str, photo: Any, size: str | None, **options: Any) -> Presented:
+    def __call__(
+        self, task: str, photo: Any, size: str | None, progress: Any = None, **options: Any
+    ) -> Presented:
         with reported(self.manager):
-            shown = self.requests.run(task, photo, size, **options)
+            shown = self.requests.run(task, photo, size, stages=stage_progress(progress), **options)
         warn(shown.notices)
         return shown
 
@@ -112,8 +174,9 @@ class Runner:
 
     def run_all(
         self, photo: Any, jobs: list[tuple[str, str | None, dict[str, Any]]]
-    ) -> tuple[dict[str, Presented | Sapiens2Error], str]:
-        """Every task on one photo: task -> result shown (or the error object), and a status line."""
+    ) -> tuple[dict[str, Presented | Sapiens2Error], RunInfo]:
+        """Every task on one photo: task -> result shown (or the error object), and a status line
+        (with each task's seconds)."""
         from ..tasks import registry
 
         t0 = time.perf_counter()
@@ -139,19 +202,29 @@ class Runner:
                     )
             else:
                 warn(value.notices, f"{title[task]}: ")
-        status = f"{len(jobs) - len(failed)} of {len(jobs)} tasks done in {time.perf_counter() - t0:.1f} s."
+        status = f"{len(jobs) - len(failed)} of {len(jobs)} tasks done"
         if failed:
-            status += " Skipped: " + ", ".join(title[t] for t in failed) + "."
-        return shown, status
+            status += " · Skipped: " + ", ".join(title[t] for t in failed)
+        done = [v for v in shown.values() if isinstance(v, Presented)]
+        stages = Stages()  # the photo was read once for every task: counted once
+        read = min((v.stages.seconds.get("read", 0.0) for v in done), default=0.0)
+        stages.add("read", read)
+        for value in done:
+            stages.add(title[value.task], value.stages.total() - read)
+        stages.add("other", max(0.0, time.perf_counter() - t0 - stages.total()))
+        return shown, RunInfo(status, stages)
 
 
 # ----------------------------------------------------------------------------- generated endpoints
 
 
 def outputs_of(presented: Presented) -> list[Any]:
-    """A result's values in its tab's output order: slider pair, views, downloads, run info."""
+    """A result's values in its tab's output order: slider pair (the small previews when made),
+    views, downloads, run info."""
     files = [str(p) for p in presented.files]
-    return [(presented.before, presented.after), *presented.views, files, presented.line]
+    pair = presented.previews or (presented.before, presented.after)
+    return [tuple(str(p) if not hasattr(p, "shape") else p for p in pair), *presented.views, files,
+            RunInfo(presented.head, presented.stages, presented.notices)]  # fmt: skip
 
 
 def _signature(names: list[str], required: int) -> inspect.Signature:
@@ -189,7 +262,8 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
 
     def endpoint(*args: Any) -> list[Any]:
         photo, size, *values = args[: 2 + len(names)]
-        return outputs_of(run(task.name, photo, size, **dict(zip(names, values, strict=True))))
+        progress = args[2 + len(names)] if len(args) > 2 + len(names) else None
+        return outputs_of(run(task.name, photo, size, progress, **dict(zip(names, values, strict=True))))
 
     doc = _docstring(
         task.summary,
@@ -258,3 +332,68 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
         "cannot run (e.g. its weights are missing) is skipped and named in the status."
     )
     return _endpoint(endpoint, "all_tasks", ["photo", *(p for _, p, _ in params)], _docstring(summary, docs))
+
+
+# ----------------------------------------------------------------------------- end-to-end timing
+
+#: (monotonic time the request joined the queue or None, perf_counter at processing start, seconds
+#: of Gradio's input processing): set per request by :func:`time_requests`' wrappers
+_REQUEST: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "sapiens2_request", default=None
+)
+
+
+def time_requests(blocks: gr.Blocks | None) -> None:
+    """Wrap ``blocks``' ``process_api``, ``preprocess_data`` and ``postprocess_data`` so that a
+    :class:`RunInfo` output ends up with the whole request: the time it waited in the queue,
+    Gradio's input processing, our stages, and Gradio's output processing (writing the pictures
+    and copying the downloads into its cache, which happens after our function returned)."""
+    if blocks is None or getattr(blocks.process_api, "times_requests", False):
+        return
+    process_api, preprocess_data, postprocess_data = (
+        blocks.process_api,
+        blocks.preprocess_data,
+        blocks.postprocess_data,
+    )
+
+    @functools.wraps(process_api)
+    async def timed_process_api(*args: Any, **kwargs: Any) -> Any:
+        queue = getattr(blocks, "_queue", None)
+        event = getattr(queue, "event_ids_to_events", {}).get(kwargs.get("event_id"))
+        token = _REQUEST.set(
+            {"queue": time.monotonic() - event.enqueue_time if event is not None else 0.0, "gradio in": 0.0,
+             "started": time.perf_counter()}
+        )  # fmt: skip
+        try:
+            return await process_api(*args, **kwargs)
+        finally:
+            _REQUEST.reset(token)
+
+    @functools.wraps(preprocess_data)
+    async def timed_preprocess(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await preprocess_data(*args, **kwargs)
+        finally:
+            if (req := _REQUEST.get()) is not None:
+                req["gradio in"] += time.perf_counter() - t0
+
+    @functools.wraps(postprocess_data)
+    async def timed_postprocess(block_fn: Any, predictions: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = await postprocess_data(block_fn, predictions, *args, **kwargs)
+        req = _REQUEST.get()
+        values = predictions if isinstance(predictions, (list, tuple)) else [predictions]
+        if req is None or not isinstance(out, list) or len(out) != len(values):
+            return out
+        done = time.perf_counter()
+        extra = {"queue": req["queue"], "gradio in": req["gradio in"], "gradio out": done - t0}
+        total = req["queue"] + done - req["started"]
+        return [
+            v.final(extra, total) if isinstance(v, RunInfo) else o for v, o in zip(values, out, strict=True)
+        ]
+
+    timed_process_api.times_requests = True  # type: ignore[attr-defined]
+    blocks.process_api = timed_process_api  # type: ignore[method-assign]
+    blocks.preprocess_data = timed_preprocess  # type: ignore[method-assign]
+    blocks.postprocess_data = timed_postprocess  # type: ignore[method-assign]

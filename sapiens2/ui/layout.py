@@ -1,4 +1,4 @@
-"""The page, made from the task declarations: one tab per task, "All tasks", the about text.
+"""The page, made from the task declarations: one tab per task, "Run all tasks", the about text.
 
 A tab: the size menu, the option widgets, the run button and the examples on the left; the
 before/after view, run info, the task's views and its downloads on the right. Every model run
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
-from gradio.context import get_blocks_context
+from gradio.context import Context, get_blocks_context
 
 from ..serving import ModelManager
 from ..tasks.registry import Task
 from ..zoo import ARCHS, DETECTOR, WEIGHTS_LICENSE
-from .handlers import Runner, all_endpoint, compare_endpoint, task_endpoint
+from .handlers import Runner, all_endpoint, compare_endpoint, task_endpoint, time_requests
 from .inputs import photo_input
 from .widgets import option_widget, render_results, result_widgets, size_dropdown
 
@@ -27,7 +27,7 @@ MODELS = "models"
 
 @dataclass
 class TabParts:
-    """What "All tasks" needs from a task's tab: its input widgets and its output widgets."""
+    """What "Run all tasks" needs from a task's tab: its input widgets and its output widgets."""
 
     task: Task
     controls: list[Any]  # size menu, then one widget per option
@@ -78,7 +78,7 @@ def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -
     )
     button = gr.Button("Compare the two photos")
     score = gr.Number(label=task.compare.label, precision=4)
-    info = gr.Textbox(label="Comparison run info", interactive=False, max_lines=2)
+    info = gr.Textbox(label="Comparison run info", interactive=False, max_lines=3)
     button.click(
         compare_endpoint(run, task),
         inputs=[photo, other, size],
@@ -91,6 +91,7 @@ def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -
 def task_tab(run: Runner, task: Task, photo: gr.Image, examples: list[str]) -> TabParts:
     """One task's tab and its endpoint (``/<api_name>``)."""
     manager: ModelManager = run.manager
+    time_requests(Context.root_block)  # the run info's end-to-end total (once per page)
     outputs = result_widgets(task)
     with gr.Tab(task.tab, id=task.api_name):
         with gr.Row():

@@ -78,8 +78,8 @@ def result_widgets(task: Task) -> list[gr.components.Component]:
         render=False,
     )
     files = gr.File(label=task.downloads, file_count="multiple", render=False)
-    info = gr.Textbox(
-        label="Run info", interactive=False, max_lines=2, elem_id=f"{task.name}-info", render=False
+    info = gr.Textbox(  # the first line: model, total; then each stage's seconds, then notes
+        label="Run info", interactive=False, lines=2, max_lines=6, elem_id=f"{task.name}-info", render=False
     )
     return [slider, *(view_widget(v) for v in task.views), files, info]
 
