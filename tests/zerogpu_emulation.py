@@ -51,7 +51,9 @@ def run_scenario(name: str, tmp: Path, *args: str, timeout: float = 300) -> dict
         text=True,
         timeout=timeout,
     )
-    lines = proc.stdout.strip().splitlines()
+    # spaces' worker processes print debug lines to the same stdout, in any order: the answer is
+    # the scenario's one JSON line (the last line that is a JSON object).
+    lines = [line for line in proc.stdout.strip().splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise AssertionError(
             f"scenario {name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
