@@ -43,7 +43,6 @@ def test_duration_factor_is_the_worst_node_of_the_installed_spaces() -> None:
 def test_duration_factor_fallback_without_spaces(monkeypatch) -> None:
     monkeypatch.setattr(zerogpu, "_node_configs", lambda: ())
     assert duration_factor() == zerogpu.FALLBACK_DURATION_FACTOR
-    assert zerogpu.xlarge_threshold() == zerogpu.FALLBACK_XLARGE_THRESHOLD
 
 
 def test_gpu_request_rounds_up_and_charges_the_factor() -> None:

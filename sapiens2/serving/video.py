@@ -57,7 +57,8 @@ CPU_FRAME_OVERHEAD_S = 5.0
 #: ESTIMATE: seconds of GPU for one person detection (DETR-ResNet-50 at 800 px: about 0.09 TFLOP,
 #: milliseconds at gpu_time.SUSTAINED_TFLOPS; the rest is its pre/post-processing).
 DETECT_GPU_S = 0.25
-#: ESTIMATE: people per frame a clip's reservation assumes for a task with a detection hook (each is one crop of the forward).
+#: ESTIMATE: people per frame a clip's reservation assumes for a task with a detection hook (each
+#: is one crop of the forward).
 VIDEO_PEOPLE = 2
 #: ESTIMATE: seconds per frame of the work inside the clip's call that is not the model (decode,
 #: prepare, finish, render, VP8 encode of two videos) on the Space's CPU; the run measures its own.
@@ -295,7 +296,10 @@ class VideoRequests:
             return frames * measured, "measured on this server's last clip of this task and size"
         if self.manager.key(job.task.name, job.size)[1] == CUSTOM and not self._loaded(job):
             return None, "a custom checkpoint whose size is known once loaded: run once for a measured rate"
-        per_frame = self.frame_macs(job) / CPU_MACS_PER_S + CPU_FRAME_OVERHEAD_S
+        macs = self.frame_macs(job)
+        if macs is None:
+            return None, "a model of no published size: run once for a measured rate"
+        per_frame = macs / CPU_MACS_PER_S + CPU_FRAME_OVERHEAD_S
         basis = "from the model's size at a CPU rate measured on a 2-core machine, plus each frame's decode, render and encode; expect +-50%"
         if _video(job.task).detect:
             basis += "; one person per frame assumed, each more person adds as much again"
@@ -304,23 +308,27 @@ class VideoRequests:
     def _loaded(self, job: VideoJob) -> bool:
         return self.manager.key(job.task.name, job.size) in self.manager.loaded()
 
-    def frame_macs(self, job: VideoJob) -> float:
-        """Multiply-accumulates of one frame's forwards: parameters x tokens per forward."""
+    def frame_macs(self, job: VideoJob) -> float | None:
+        """Multiply-accumulates of one frame's forwards: parameters x tokens per forward (None
+        when a model is neither loaded nor of a published size)."""
         name, opts = job.task.name, job.infer_opts
         forwards = [name] * _video(job.task).forwards(opts) + list(job.task.needs(opts))
-        return sum(self._forward_macs(t, job.size) for t in forwards)
+        macs = [self._forward_macs(t, job.size) for t in forwards]
+        return None if None in macs else sum(m for m in macs if m is not None)
 
-    def _forward_macs(self, task: str, size: str) -> float:
+    def _forward_macs(self, task: str, size: str) -> float | None:
         """Parameters x tokens of one forward: of the loaded model when there is one, else of
-        the size's published backbone at the checkpoint's input size."""
+        the size's published backbone at the checkpoint's input size (None: neither)."""
         decl = registry.get(task)
         size_arg = size if size in decl.spec.sizes else None
         try:
             pipe = self.manager.get(task, size_arg, load=False)
             params = float(sum(p.numel() for p in pipe.model.parameters()))
             h, w = pipe.network_hw
-        except Sapiens2Error:  # not loaded yet
-            arch = ARCHS.get(size_arg or "") or ARCHS[decl.spec.default_size(False)]
+        except (Sapiens2Error, AttributeError):  # not loaded yet, or a pipeline without a model
+            arch = ARCHS.get(size_arg or "") or ARCHS.get(decl.spec.default_size(False))
+            if arch is None:
+                return None
             params = arch.params_b * 1e9
             h, w = decl.spec.input_size(arch.size)
         return params * (h // 16) * (w // 16)

@@ -67,6 +67,11 @@ def default_task() -> str:
     return next(iter(tasks.values())).api_name
 
 
+def task_choices() -> list[tuple[str, str]]:
+    """The tab's task radio: (tab label, API name) of every shown task that declares video."""
+    return [(t.tab, t.api_name) for t in registry.video_tasks().values()]
+
+
 def _task_list() -> str:
     return ", ".join(t.api_name for t in registry.video_tasks().values())
 
@@ -213,7 +218,7 @@ def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_
     the frames read and the result side by side, downloads and a summary."""
     ends = VideoEndpoints(run, limits)
     manager = run.manager
-    choices = [(t.tab, t.api_name) for t in registry.video_tasks().values()]
+    choices = task_choices()
     first = default_task()
     with gr.Tab("Video", id="video"):
         with gr.Row():
