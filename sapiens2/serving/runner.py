@@ -1,4 +1,6 @@
 """One request, the same way for every task: read, check, load, prepare, infer, finish, present.
+The prepare -> one infer -> finish step is ``sapiens2.tasks.base.run_batch``, shared with the
+library call (``Pipeline.run_stages``, the CLI) and each batch of a clip (``sapiens2.video``).
 
 Only :func:`run_on_device` touches the accelerator; a server passes it (wrapped in its GPU
 entry, e.g. ZeroGPU's ``spaces.GPU``) as ``device_call``. Everything else runs in the server
@@ -20,6 +22,7 @@ from ..errors import GpuUnavailableError, InputImageError, OutOfMemoryError, Sap
 from ..imaging import Intake
 from ..loadguard import loading_forbidden
 from ..tasks import registry
+from ..tasks.base import finish_batch, prepare_batch, run_batch
 from ..zerogpu import cost_notice, gpu_request
 from .cache import ModelManager
 from .folders import RequestFolders
@@ -138,16 +141,18 @@ class RequestRunner:
         name, size, opts = job.task.name, job.size, job.infer_opts
         with self.manager.holding(self.manager.prepare(name, size, **opts)):
             pipe = self.manager.get(name, size)
-            preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
             seconds = self.seconds(job)
             if announce:
                 self.tell_cost(seconds, f"This {job.task.tab.lower()} {size} run")
+
+            def device(preps: list[Any], **_: Any) -> Any:
+                return self.device_call(name, size, preps, opts, seconds)
+
             try:
-                raws = self.device_call(name, size, preps, opts, seconds)
+                out = run_batch(pipe, job.intakes, opts, device)  # the batch step clips share
             except OutOfMemoryError:
                 self.manager.trim()  # a ZeroGPU worker trimmed its own copy; this process holds one too
                 raise
-        out = [pipe.finish(raw, intake, **opts) for raw, intake in zip(raws, job.intakes, strict=True)]
         for result in out:
             result.info.total_s = time.perf_counter() - t0
         return out
@@ -201,7 +206,7 @@ class RequestRunner:
             try:
                 held.enter_context(self.manager.holding(self.manager.prepare(name, size, **opts)))
                 pipe = self.manager.get(name, size)
-                ready[task] = (job, pipe, [pipe.prepare(i, **opts) for i in job.intakes])
+                ready[task] = (job, pipe, prepare_batch(pipe, job.intakes, opts))
             except Sapiens2Error as err:
                 out[task] = err
         return ready
@@ -255,7 +260,7 @@ class RequestRunner:
             return raws
         job, pipe, _ = ready
         try:
-            [result] = [pipe.finish(r, i, **job.infer_opts) for r, i in zip(raws, job.intakes, strict=True)]
+            [result] = finish_batch(pipe, raws, job.intakes, job.infer_opts)
             result.info.total_s = time.perf_counter() - t0
             return present(result, self.folders.new(), **job.render_opts)
         except Sapiens2Error as err:

@@ -36,6 +36,7 @@ from ..errors import InputImageError, OptionError, Sapiens2Error
 from ..export import file_stem, safe_path
 from ..imaging import Intake, load_image
 from ..tasks import registry
+from ..tasks.base import run_batch
 from .exports import RAW_CAP_BYTES
 from .handlers import Detect, DetectMany, FrameHandler, TrackingOptions, handler_class
 from .reader import VideoInfo, VideoLimits, check_stride, iter_frames, planned_frames, probe_video
@@ -151,16 +152,17 @@ def _run_batch(
         frame_opts = handler.options_for(k0 + j, rgb)
         items.append((frame, rgb, load_image(rgb), frame_opts))
     todo = [(intake, fo) for _, _, intake, fo in items if fo is not None]
-    preps = [stages.prepare(intake, **opts, **fo) for intake, fo in todo]
-    t0 = time.perf_counter()
-    raw_list = list(infer(preps, **opts)) if preps else []
-    timing["infer_s"] += time.perf_counter() - t0
-    if len(raw_list) != len(preps):
-        raise OptionError(f"The pipeline's infer returned {len(raw_list)} results for {len(preps)} frames.")
-    raws = iter(raw_list)
+
+    def timed(preps: list, **options: Any) -> list:
+        t0 = time.perf_counter()
+        raws = list(infer(preps, **options))
+        timing["infer_s"] += time.perf_counter() - t0
+        return raws
+
+    done = iter(run_batch(stages, [i for i, _ in todo], opts, timed, [fo for _, fo in todo]))
     out = []
-    for j, (frame, rgb, intake, fo) in enumerate(items):
-        result = None if fo is None else stages.finish(next(raws), intake, **opts, **fo)
+    for j, (frame, rgb, _, fo) in enumerate(items):
+        result = None if fo is None else next(done)
         info = getattr(result, "info", None)
         timing["model_s"] += float(getattr(info, "model_s", 0.0) or 0.0)
         rendered = handler.consume(k0 + j, frame, frame / fps, rgb, result)
