@@ -113,19 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         listed = {"help": task.summary} if task.name in shown else {}
         tp = sub.add_parser(task.api_name, description=task.summary, **listed)
         add_common(tp)
-        if task.name in video_tasks():
+        if task.video is not None:
             add_video(tp, task)
         for opt in task.options:
             add_option(tp, task, opt)
         for switch in task.cli_switches:
             tp.add_argument(switch.flag, action="store_true", help=switch.help)
     return p
-
-
-def video_tasks() -> tuple[str, ...]:
-    from .video.runner import VIDEO_TASKS
-
-    return VIDEO_TASKS
 
 
 def is_clip(path: Path) -> bool:
@@ -331,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
     files, missing = find_images(args.inputs)
     for item in missing:
         print(f"skipped {item}: no such file or folder", file=sys.stderr)
-    clips = [f for f in files if task.name in video_tasks() and is_clip(f)]
+    clips = [f for f in files if task.video is not None and is_clip(f)]
     images = [f for f in files if f not in clips]
     if not files:
         print(f"0 done, {len(missing)} failed in 0.0 s (no images found)")

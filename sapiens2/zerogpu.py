@@ -64,8 +64,6 @@ CUDA_CONTEXT_BYTES = 309_002_240
 ACTIVATION_HEADROOM_BYTES = 5 * 10**9
 #: ``duration_factor`` of the slowest node in spaces 0.51.3's configs.json, used if it cannot be read.
 FALLBACK_DURATION_FACTOR = 1.5
-#: Packed bytes above which spaces 0.51.3 makes every call ``xlarge`` (configs.json), if unreadable.
-FALLBACK_XLARGE_THRESHOLD = 45_097_156_608
 
 
 # ----------------------------------------------------------------------------- durations
@@ -93,12 +91,6 @@ def duration_factor() -> float:
     """
     factors = [float(c["duration_factor"]) for c in _node_configs() if "duration_factor" in c]
     return max(factors, default=FALLBACK_DURATION_FACTOR)
-
-
-def xlarge_threshold() -> int:
-    """Packed (preloaded) bytes above which spaces switches every call to ``xlarge`` (2x quota)."""
-    limits = [int(c["xlarge_threshold"]) for c in _node_configs() if c.get("xlarge_threshold")]
-    return min(limits, default=FALLBACK_XLARGE_THRESHOLD)
 
 
 @dataclass(frozen=True)

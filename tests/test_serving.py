@@ -7,6 +7,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import one_request
@@ -315,16 +316,23 @@ def test_read_photo_errors_are_clear(tmp_path) -> None:
     assert intake.rgb.shape == (512, 512, 3) and intake.name == "nasa-eileen-collins-portrait"
 
 
-def test_gpu_seconds_scale_with_work_and_stay_bounded() -> None:
-    small = serving.gpu_seconds("seg", "0.4b", 512 * 512)
-    big = serving.gpu_seconds("seg", "5b", 512 * 512)
+def _photo_reservation(task: str, size: str, pixels: int, **opts: Any) -> int:
+    """The one reservation of a one-photo call with the request's own models resident."""
+    from sapiens2.serving import gpu_time as gt
+
+    return gt.reservation(gt.work_seconds(task, size, [pixels], opts), gt.weight_bytes(task, size, opts))
+
+
+def test_reservations_scale_with_work_and_stay_bounded() -> None:
+    small = _photo_reservation("seg", "0.4b", 512 * 512)
+    big = _photo_reservation("seg", "5b", 512 * 512)
     # the floor is a bare worker start (durations now count the resident weights; issue 13)
     assert serving.gpu_time.MIN_CALL_S <= small < big <= serving.gpu_time.MAX_CALL_S
-    assert serving.gpu_seconds("pose", "1b", 0, flip_test=True) > serving.gpu_seconds("pose", "1b", 0)
-    assert serving.gpu_seconds("normal", "1b", 0, remove_background=True) > serving.gpu_seconds(
+    assert _photo_reservation("pose", "1b", 0, flip_test=True) > _photo_reservation("pose", "1b", 0)
+    assert _photo_reservation("normal", "1b", 0, remove_background=True) > _photo_reservation(
         "normal", "1b", 0
     )
-    assert serving.gpu_seconds("pretrain", "1b-4k", 10**8) <= 120
+    assert _photo_reservation("pretrain", "1b-4k", 10**8) <= 120
 
 
 def test_request_folders_are_unique_and_old_ones_pruned(tmp_path) -> None:

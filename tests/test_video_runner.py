@@ -272,7 +272,7 @@ def test_an_infer_hook_replaces_the_device_step(tmp_path: Path) -> None:
 
     assert run_video(pipe, clip, tmp_path / "o", batch_size=2, infer=gpu_infer).frames == 5
     assert seen == [2, 2, 1] and pipe.batches == []  # the pipeline's own infer never ran
-    with pytest.raises(OptionError, match="returned 1 results for 2 frames"):
+    with pytest.raises(OptionError, match="returned 1 results for 2 inputs"):
         run_video(pipe, clip, tmp_path / "o2", batch_size=2, infer=lambda preps, **o: preps[:1])
 
 

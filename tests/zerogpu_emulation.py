@@ -18,6 +18,7 @@ Two shims stand in for what this machine lacks, and nothing else of spaces is re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -58,7 +59,14 @@ def run_scenario(name: str, tmp: Path, *args: str, timeout: float = 300) -> dict
         raise AssertionError(
             f"scenario {name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
         )
-    return json.loads(lines[-1])
+    # the result is the last JSON line; spaces' debug log (another process) may land on the lines
+    # after it, or on its own line right after it, so read the last JSON object printed
+    for line in reversed(lines):
+        start = line.find("{")
+        if start >= 0:
+            with contextlib.suppress(ValueError):
+                return json.JSONDecoder().raw_decode(line, start)[0]
+    raise AssertionError(f"scenario {name} printed no result:\n{proc.stdout}")
 
 
 def install_cpu_shim() -> None:

@@ -69,7 +69,7 @@ class HeadConfig:
         out["conv"] = [c for c, _ in self.conv]
         if self.norm != "instance":
             out["norm"] = self.norm
-        if self.kind == "pointmap":
+        if self.scale_conv:  # the pointmap head's scale branch
             out["scale_conv"] = [c for c, _ in self.scale_conv]
             out["scale_mlp"] = [o for _, o in self.scale_mlp]
         return out

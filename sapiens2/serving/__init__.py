@@ -20,7 +20,6 @@ from ..render import parse_color
 from .cache import CUSTOM, DEFAULT_MAX_MODELS, ModelManager, default_device, pipeline_bytes
 from .checkpoints import CHECKPOINTS_ENV, checkpoints_from_env, parse_checkpoint_specs, task_name
 from .folders import RequestFolders
-from .gpu_time import gpu_seconds
 from .memory import free_accelerator_memory, is_out_of_memory, release_memory
 from .present import Presented, present
 from .runner import DeviceCall, Job, RequestRunner, read_photo, run_on_device
@@ -39,7 +38,6 @@ __all__ = [
     "checkpoints_from_env",
     "default_device",
     "free_accelerator_memory",
-    "gpu_seconds",
     "is_out_of_memory",
     "pipeline_bytes",
     "parse_checkpoint_specs",

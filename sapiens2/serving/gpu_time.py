@@ -70,18 +70,3 @@ def weight_bytes(task: str, size: str, infer_opts: dict[str, Any]) -> int:
 def clamp(seconds: float) -> int:
     """Whole seconds, rounded up, within [MIN_CALL_S, MAX_CALL_S]."""
     return int(min(MAX_CALL_S, max(MIN_CALL_S, math.ceil(seconds))))
-
-
-def gpu_seconds(
-    task: str,
-    size: str | None,
-    pixels: int = 0,
-    images: int = 1,
-    resident_bytes: int | None = None,
-    **opts: Any,
-) -> int:
-    """The reservation for ``images`` photos of ``pixels`` each, with ``resident_bytes`` resident
-    (default: the request's own models)."""
-    size = size or registry.get(task).spec.default_size(True)
-    resident = weight_bytes(task, size, opts) if resident_bytes is None else resident_bytes
-    return reservation(work_seconds(task, size, [pixels] * images, opts), resident)

@@ -1,4 +1,6 @@
 """One request, the same way for every task: read, check, load, prepare, infer, finish, present.
+The prepare -> one infer -> finish step is ``sapiens2.tasks.base.run_batch``, shared with the
+library call (``Pipeline.run_stages``, the CLI) and each batch of a clip (``sapiens2.video``).
 
 Only :func:`run_on_device` touches the accelerator; a server passes it (wrapped in its GPU
 entry, e.g. ZeroGPU's ``spaces.GPU``) as ``device_call``. Everything else runs in the server
@@ -20,6 +22,7 @@ from ..errors import GpuUnavailableError, InputImageError, OutOfMemoryError, Sap
 from ..imaging import Intake
 from ..loadguard import loading_forbidden
 from ..tasks import registry
+from ..tasks.base import finish_batch, prepare_batch
 from ..zerogpu import cost_notice, gpu_request
 from .cache import ModelManager
 from .folders import RequestFolders
@@ -154,11 +157,12 @@ class RequestRunner:
             held = self.manager.prepare(name, size, **opts)
         with self.manager.holding(held):
             pipe = self.manager.get(name, size)
-            with stages.timed("prepare"):
-                preps = [pipe.prepare(intake, **opts) for intake in job.intakes]
+            with stages.timed("prepare"):  # the batch step's halves (tasks.base.run_batch)
+                preps = prepare_batch(pipe, job.intakes, opts)
             seconds = self.seconds(job)
             if announce:
                 self.tell_cost(seconds, f"This {job.task.tab.lower()} {size} run")
+
             try:
                 with stages.timed("device"):
                     raws = self.device_call(name, size, preps, opts, seconds)
@@ -166,7 +170,7 @@ class RequestRunner:
                 self.manager.trim()  # a ZeroGPU worker trimmed its own copy; this process holds one too
                 raise
         with stages.timed("finish"):
-            out = [pipe.finish(raw, intake, **opts) for raw, intake in zip(raws, job.intakes, strict=True)]
+            out = finish_batch(pipe, raws, job.intakes, opts)
         for result in out:
             result.info.total_s = time.perf_counter() - t0
         return out
@@ -235,7 +239,7 @@ class RequestRunner:
                     held.enter_context(self.manager.holding(self.manager.prepare(name, size, **opts)))
                 pipe = self.manager.get(name, size)
                 with job.stages.timed("prepare"):
-                    ready[task] = (job, pipe, [pipe.prepare(i, **opts) for i in job.intakes])
+                    ready[task] = (job, pipe, prepare_batch(pipe, job.intakes, opts))
             except Sapiens2Error as err:
                 out[task] = err
         return ready
@@ -293,9 +297,7 @@ class RequestRunner:
         job, pipe, _ = ready
         try:
             with job.stages.timed("finish"):
-                [result] = [
-                    pipe.finish(r, i, **job.infer_opts) for r, i in zip(raws, job.intakes, strict=True)
-                ]
+                [result] = finish_batch(pipe, raws, job.intakes, job.infer_opts)
             result.info.total_s = time.perf_counter() - t0
             return self.present(result, job)
         except Sapiens2Error as err:

@@ -2,7 +2,7 @@
 
 The clip is read, checked and planned here and the models are loaded here
 (``ModelManager.prepare``); then one device call runs the whole clip where the models are
-(decode, person detection and tracking for pose, the batch forwards, rendering, writing), yielding
+(decode, person detection and tracking for a task with a detection hook, the batch forwards, rendering, writing), yielding
 its progress per batch and then the result. On ZeroGPU that call is one admission with one
 reservation (:func:`sapiens2.serving.gpu_time.reservation`), so a clip can no longer be refused
 halfway for lack of quota; a plan that would not fit a visitor without an account is reduced
@@ -27,9 +27,9 @@ from ..errors import GpuUnavailableError, InputVideoError, OptionError, Sapiens2
 from ..loadguard import loading_forbidden
 from ..tasks import registry
 from ..tasks.registry import forward_seconds
-from ..video.handlers import TrackingOptions
+from ..video.handlers import TrackingOptions, handler_class
 from ..video.reader import VideoLimits
-from ..video.runner import VIDEO_TASKS, VideoPlan, VideoResult, default_detect, iter_video, plan_video
+from ..video.runner import VideoPlan, VideoResult, iter_video, plan_video
 from ..zerogpu import cost_notice, gpu_request
 from ..zoo import ARCHS
 from .cache import CUSTOM, ModelManager
@@ -38,7 +38,7 @@ from .gpu_time import MAX_CALL_S, reservation, start_seconds, weight_bytes
 from .runner import run_on_device
 
 #: (task, size, items, inference options, seconds, step) -> one result per item; step "infer"
-#: (items: preps) or "detect" (items: RGB frames, pose only)
+#: (items: preps) or "detect" (items: RGB frames; tasks with a ``Task.video.detect`` hook)
 VideoDeviceCall = Callable[..., list[Any]]
 #: (task, size, clip spec, inference options, seconds) -> iterator of (frames done, planned) then
 #: the VideoResult: a whole clip in one device call
@@ -57,7 +57,8 @@ CPU_FRAME_OVERHEAD_S = 5.0
 #: ESTIMATE: seconds of GPU for one person detection (DETR-ResNet-50 at 800 px: about 0.09 TFLOP,
 #: milliseconds at gpu_time.SUSTAINED_TFLOPS; the rest is its pre/post-processing).
 DETECT_GPU_S = 0.25
-#: ESTIMATE: people per frame a pose clip's reservation assumes (each is one crop of the forward).
+#: ESTIMATE: people per frame a clip's reservation assumes for a task with a detection hook (each
+#: is one crop of the forward).
 VIDEO_PEOPLE = 2
 #: ESTIMATE: seconds per frame of the work inside the clip's call that is not the model (decode,
 #: prepare, finish, render, VP8 encode of two videos) on the Space's CPU; the run measures its own.
@@ -72,10 +73,11 @@ def run_step(
     """The device work of one video call, models already resident (never loads)."""
     if step == "infer":
         return run_on_device(manager, task, size, items, opts)
-    if step != "detect":
-        raise OptionError(f"Unknown device step {step!r}.")
+    hook = registry.get(task).video
+    if step != "detect" or hook is None or hook.detect is None:
+        raise OptionError(f"Unknown device step {step!r} for {task!r}.")
     with loading_forbidden():
-        detect = default_detect(manager.get(task, size, load=False), opts)
+        detect = hook.detect(manager.get(task, size, load=False), opts)
         return [detect(rgb) for rgb in items]
 
 
@@ -150,13 +152,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
+def _video(task: registry.Task) -> registry.Video:
+    """The task's video declaration (OptionError when it runs no video)."""
+    handler_class(task)
+    assert task.video is not None
+    return task.video
+
+
 def video_render_options(task: registry.Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
-    """A task's rendering options as the video handlers take them."""
-    if task.name == "pose":
-        return dict(render_opts)  # the pose video handler takes the photo's names
-    if task.name == "pointmap":
-        return {}  # depth frames are coloured with the clip's bounds, no options
-    return task.render_args(render_opts)
+    """A task's rendering options as its video handler takes them (``Task.video.handler``)."""
+    return handler_class(task).render_kwargs(task, render_opts)
 
 
 class VideoRequests:
@@ -197,9 +202,7 @@ class VideoRequests:
     ) -> VideoJob:
         """Check a request and plan the clip (cheap: reads the header only)."""
         decl = registry.get(task)
-        if decl.name not in VIDEO_TASKS:
-            names = ", ".join(registry.get(t).api_name for t in VIDEO_TASKS)
-            raise OptionError(f"Video runs the tasks {names}; got {task!r}.")
+        handler_class(decl)  # OptionError unless it declares video
         if clip is None or (isinstance(clip, str) and not clip.strip()):
             raise InputVideoError("No clip given: upload an MP4, WebM, MOV or GIF clip.")
         limits = self.request_limits(max_frames)
@@ -260,16 +263,16 @@ class VideoRequests:
 
     def clip_work(self, job: VideoJob, frames: int) -> float:
         """Seconds of device work of the clip's one call for ``frames`` frames (start excluded):
-        the batch forwards at the published FLOPs (pose: :data:`VIDEO_PEOPLE` crops a frame,
-        twice with flip test), a detection every ``detect_every`` frames (pose), and the frames'
-        host work inside the call (:data:`FRAME_HOST_S`)."""
-        name, opts = job.task.name, job.infer_opts
-        per_frame = VIDEO_PEOPLE * (2 if opts.get("flip_test") else 1) if name == "pose" else 1
+        the batch forwards at the published FLOPs (``Task.video.forwards`` a frame, for each of
+        :data:`VIDEO_PEOPLE` people with a detection hook), a detection every ``detect_every``
+        frames (with the hook), and the frames' host work inside the call (:data:`FRAME_HOST_S`)."""
+        video, opts = _video(job.task), job.infer_opts
+        per_frame = video.forwards(opts) * (VIDEO_PEOPLE if video.detect else 1)
         forwards = 1 + len(job.task.needs(opts))
         batches, last = divmod(frames, MAX_BATCH)
         work = batches * forward_seconds(job.size, MAX_BATCH * per_frame) * forwards
         work += forward_seconds(job.size, last * per_frame) * forwards if last else 0.0
-        if name == "pose":
+        if video.detect:
             work += DETECT_GPU_S * math.ceil(frames / job.tracking.detect_every)
         return work + FRAME_HOST_S * frames
 
@@ -293,34 +296,39 @@ class VideoRequests:
             return frames * measured, "measured on this server's last clip of this task and size"
         if self.manager.key(job.task.name, job.size)[1] == CUSTOM and not self._loaded(job):
             return None, "a custom checkpoint whose size is known once loaded: run once for a measured rate"
-        per_frame = self.frame_macs(job) / CPU_MACS_PER_S + CPU_FRAME_OVERHEAD_S
+        macs = self.frame_macs(job)
+        if macs is None:
+            return None, "a model of no published size: run once for a measured rate"
+        per_frame = macs / CPU_MACS_PER_S + CPU_FRAME_OVERHEAD_S
         basis = "from the model's size at a CPU rate measured on a 2-core machine, plus each frame's decode, render and encode; expect +-50%"
-        if job.task.name == "pose":
+        if _video(job.task).detect:
             basis += "; one person per frame assumed, each more person adds as much again"
         return frames * per_frame, basis
 
     def _loaded(self, job: VideoJob) -> bool:
         return self.manager.key(job.task.name, job.size) in self.manager.loaded()
 
-    def frame_macs(self, job: VideoJob) -> float:
-        """Multiply-accumulates of one frame's forwards: parameters x tokens per forward."""
+    def frame_macs(self, job: VideoJob) -> float | None:
+        """Multiply-accumulates of one frame's forwards: parameters x tokens per forward (None
+        when a model is neither loaded nor of a published size)."""
         name, opts = job.task.name, job.infer_opts
-        forwards = [name, *job.task.needs(opts)]
-        if name == "pose" and opts.get("flip_test"):
-            forwards.append(name)
-        return sum(self._forward_macs(t, job.size) for t in forwards)
+        forwards = [name] * _video(job.task).forwards(opts) + list(job.task.needs(opts))
+        macs = [self._forward_macs(t, job.size) for t in forwards]
+        return None if None in macs else sum(m for m in macs if m is not None)
 
-    def _forward_macs(self, task: str, size: str) -> float:
+    def _forward_macs(self, task: str, size: str) -> float | None:
         """Parameters x tokens of one forward: of the loaded model when there is one, else of
-        the size's published backbone at the checkpoint's input size."""
+        the size's published backbone at the checkpoint's input size (None: neither)."""
         decl = registry.get(task)
         size_arg = size if size in decl.spec.sizes else None
         try:
             pipe = self.manager.get(task, size_arg, load=False)
             params = float(sum(p.numel() for p in pipe.model.parameters()))
             h, w = pipe.network_hw
-        except Sapiens2Error:  # not loaded yet
-            arch = ARCHS.get(size_arg or "") or ARCHS[decl.spec.default_size(False)]
+        except (Sapiens2Error, AttributeError):  # not loaded yet, or a pipeline without a model
+            arch = ARCHS.get(size_arg or "") or ARCHS.get(decl.spec.default_size(False))
+            if arch is None:
+                return None
             params = arch.params_b * 1e9
             h, w = decl.spec.input_size(arch.size)
         return params * (h // 16) * (w // 16)

@@ -17,6 +17,7 @@ pipelines set ``RunInfo.total_s`` from their own start to the CPU arrays being r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ..errors import OptionError
 from ..imaging import DEFAULT_MAX_SIDE, ImageSource, Intake, load_image
 from ..zoo import TaskSpec, get_task
 
@@ -148,9 +150,7 @@ class Pipeline:
     def run_stages(self, image: ImageSource | Intake, **options: Any) -> Any:
         """The whole request in one process: prepare, infer (a batch of one), finish."""
         t0 = time.perf_counter()
-        intake = self._prepare(image)
-        [raw] = self.infer([self.prepare(intake, **options)], **options)
-        result = self.finish(raw, intake, **options)
+        [result] = run_batch(self, [self._prepare(image)], options)
         result.info.total_s = time.perf_counter() - t0
         return result
 
@@ -166,3 +166,52 @@ class Pipeline:
 
     def finish(self, raw: Any, intake: Intake, **options: Any) -> Any:
         return raw
+
+
+#: ``(preps, **options) -> raws``: a batch's device work (``pipe.infer``, or a server's GPU call)
+Infer = Callable[..., Sequence[Any]]
+
+
+def run_batch(
+    pipe: Any,
+    intakes: Sequence[Intake],
+    options: Mapping[str, Any],
+    infer: Infer | None = None,
+    per_item: Sequence[Mapping[str, Any]] | None = None,
+) -> list[Any]:
+    """THE batch step of every request (a photo, a compared pair, the CLI, a clip's batch): each
+    intake prepared, ONE ``infer`` over all the preps, each raw finished; one result per intake.
+
+    ``infer`` runs the device work instead of ``pipe.infer`` (a server's GPU call, with the
+    reservation of ``sapiens2.serving.gpu_time``). ``per_item``: options that differ per intake
+    (a clip's per-frame person boxes), given to ``prepare`` and ``finish`` but not to ``infer``,
+    which must take them from each prep."""
+    preps = prepare_batch(pipe, intakes, options, per_item)
+    raws = list((infer or pipe.infer)(preps, **options)) if preps else []
+    return finish_batch(pipe, raws, intakes, options, per_item)
+
+
+def prepare_batch(
+    pipe: Any,
+    intakes: Sequence[Intake],
+    options: Mapping[str, Any],
+    per_item: Sequence[Mapping[str, Any]] | None = None,
+) -> list[Any]:
+    """The first half of :func:`run_batch` (for a device call that spans several tasks)."""
+    extra = per_item if per_item is not None else [{}] * len(intakes)
+    return [pipe.prepare(i, **options, **e) for i, e in zip(intakes, extra, strict=True)]
+
+
+def finish_batch(
+    pipe: Any,
+    raws: Sequence[Any],
+    intakes: Sequence[Intake],
+    options: Mapping[str, Any],
+    per_item: Sequence[Mapping[str, Any]] | None = None,
+) -> list[Any]:
+    """The second half of :func:`run_batch`: one result per intake (OptionError when the device
+    step gave another count)."""
+    if len(raws) != len(intakes):
+        raise OptionError(f"The pipeline's infer returned {len(raws)} results for {len(intakes)} inputs.")
+    extra = per_item if per_item is not None else [{}] * len(intakes)
+    return [pipe.finish(r, i, **options, **e) for r, i, e in zip(raws, intakes, extra, strict=True)]

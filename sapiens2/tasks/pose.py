@@ -396,6 +396,26 @@ def _warm_detector(device: str) -> bool:
     return warm_detector(device)
 
 
+def _video_detect(pipe: Any, infer_opts: Mapping[str, Any]) -> Any:
+    """The clip's person detection, as a photo's: the pipeline's detector, threshold and cap."""
+    from ..detect import detect_people
+
+    def detect(rgb: np.ndarray) -> Detections:
+        return detect_people(
+            rgb,
+            detector=getattr(pipe, "detector", "auto"),
+            score_threshold=infer_opts.get("score_threshold", 0.3),
+            max_people=infer_opts.get("max_people", 20),
+            device=getattr(pipe, "device", None),
+        )
+
+    return detect
+
+
+def _video_forwards(infer_opts: Mapping[str, Any]) -> int:
+    return 2 if infer_opts.get("flip_test") else 1
+
+
 def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
     # every person is one crop of the batch (twice with flip test), plus the DETR detector
     crops = int(infer_opts.get("max_people") or 20) * (2 if infer_opts.get("flip_test") else 1)
@@ -448,5 +468,10 @@ TASK = Task(
     cli_switches=(
         Switch("--no-detector", "skip person detection: the whole image is one person", {"detector": None}),
     ),
-    video=Video(handler="pose", render_overrides={"show_boxes": False, "show_ids": True}, detect=True),
+    video=Video(
+        handler="tracks",
+        render_overrides={"show_boxes": False, "show_ids": True},
+        detect=_video_detect,
+        forwards=_video_forwards,
+    ),
 )

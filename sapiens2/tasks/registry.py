@@ -64,22 +64,32 @@ class Compare:
     score: Callable[[Any, Any], float]
 
 
+def one_forward(infer_opts: Mapping[str, Any]) -> int:
+    return 1
+
+
 @dataclass(frozen=True)
 class Video:
-    """A task that runs on clips (``sapiens2.video``): how its frames are handled.
+    """A task that runs on clips (``sapiens2.video``): how its frames are handled. Video code reads
+    only this; no name of a task appears there.
 
     ``handler``: the frame handler kind in ``sapiens2.video.handlers`` ("frames": each frame
-    rendered as its photo result; "depth": rendered at the end with the clip's depth bounds;
-    "pose": detector, tracker and smoothing). ``raw_fields``: result attribute -> dtype it is kept
-    in for the clip's per-frame NPZ (None: as it is); a task with none writes no NPZ.
-    ``render_overrides``: video render options that differ from, or add to, the defaults of the
-    task's render options (pose: no boxes but track ids, since tracks are labelled instead).
-    ``detect``: the frames need person boxes (the detector every K frames, tracking between)."""
+    rendered as its photo result; "depth": a clip-wide hook, every frame rendered at the end with
+    the clip's depth bounds, from the result's ``depth`` and ``mask``; "tracks": people found by
+    ``detect``, tracked and smoothed, drawn as keypoints, with the track exports).
+    ``raw_fields``: result attribute -> dtype it is kept in for the clip's per-frame NPZ (None: as
+    it is); a task with none writes no NPZ. ``render_overrides``: video render options that differ
+    from, or add to, the defaults of the task's render options (pose: no boxes but track ids, since
+    tracks are labelled instead). ``detect``: the detection hook, ``(pipeline, inference options)
+    -> (rgb -> detections with .boxes)``, for tasks whose frames need person boxes (the detector
+    every K frames, tracking between); None: frames are inferred whole. ``forwards``: forwards of
+    the task's own model per frame and person (pose with flip test: 2), for the cost estimates."""
 
-    handler: Literal["frames", "depth", "pose"] = "frames"
+    handler: Literal["frames", "depth", "tracks"] = "frames"
     raw_fields: Mapping[str, Any] = field(default_factory=dict)
     render_overrides: Mapping[str, Any] = field(default_factory=dict)
-    detect: bool = False
+    detect: Callable[[Any, Mapping[str, Any]], Callable[[Any], Any]] | None = None
+    forwards: Callable[[Mapping[str, Any]], int] = one_forward
 
 
 def no_borrowed(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
@@ -178,6 +188,11 @@ def local_checkpoint_found(spec: TaskSpec) -> bool:
     return root is not None and any((root / spec.local_path(size)).is_file() for size in spec.sizes)
 
 
+def video_tasks() -> dict[str, Task]:
+    """The shown tasks that run on clips (``Task.video`` set), by zoo name, in tab order."""
+    return {name: task for name, task in all_tasks().items() if task.video is not None}
+
+
 def builtin_modules() -> list[str]:
     """The task modules of this package (every module but the machinery ones), by name."""
     package = importlib.import_module(__package__)
@@ -270,4 +285,5 @@ __all__ = [
     "local_checkpoint_found",
     "register",
     "unregister",
+    "video_tasks",
 ]

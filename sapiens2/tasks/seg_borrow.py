@@ -54,7 +54,7 @@ class LazySeg:
         with self._lock:
             if self._pipe is None:
                 own = self._owner
-                size = own.size if own.size in get_task("seg").sizes else None
+                size = own.size if own.size in get_task(SegPipeline.task).sizes else None
                 self._pipe = SegPipeline(size, device=own.device, dtype=own.dtype)
             return self._pipe
 

@@ -16,7 +16,6 @@ from ..serving.video import VideoRequests
 from ..tasks import registry
 from ..video.handlers import TrackingOptions
 from ..video.reader import VideoLimits
-from ..video.runner import VIDEO_TASKS
 from .gpu import device_call, device_video
 from .handlers import Runner, reported, warn
 from .inputs import clip_input
@@ -51,13 +50,35 @@ def _whole(value: Any, name: str, default: int) -> int:
 
 
 def _task_name(task: Any) -> str:
-    """A video task by API name, zoo name or tab label."""
-    for name in VIDEO_TASKS:
-        decl = registry.get(name)
+    """A video task (one whose declaration sets ``video``) by API name, zoo name or tab label."""
+    tasks = registry.video_tasks()
+    for decl in tasks.values():
         if task in (decl.name, decl.api_name, decl.tab):
             return decl.name
-    names = ", ".join(registry.get(t).api_name for t in VIDEO_TASKS)
+    names = ", ".join(t.api_name for t in tasks.values())
     raise OptionError(f"Video runs the tasks {names}; got {task!r}.")
+
+
+def default_task() -> str:
+    """The API name of the tab's first video task (the first in tab order)."""
+    tasks = registry.video_tasks()
+    if not tasks:
+        raise OptionError("No task declares video.")
+    return next(iter(tasks.values())).api_name
+
+
+def task_choices() -> list[tuple[str, str]]:
+    """The tab's task radio: (tab label, API name) of every shown task that declares video."""
+    return [(t.tab, t.api_name) for t in registry.video_tasks().values()]
+
+
+def _task_list() -> str:
+    return ", ".join(t.api_name for t in registry.video_tasks().values())
+
+
+def _tracking_tasks() -> str:
+    names = [t.api_name for t in registry.video_tasks().values() if t.video and t.video.detect]
+    return " and ".join(names) or "tasks that detect people"
 
 
 class VideoEndpoints:
@@ -142,9 +163,11 @@ class VideoEndpoints:
 
 
 def video_endpoint(ends: VideoEndpoints) -> Callable[..., list[Any]]:
+    first = default_task()
+
     def video(
         clip: Any,
-        task: str = "pose",
+        task: str = first,
         size: str | None = None,
         stride: int = 1,
         max_frames: int | None = None,
@@ -152,38 +175,41 @@ def video_endpoint(ends: VideoEndpoints) -> Callable[..., list[Any]]:
         smoothing: bool = True,
         progress: gr.Progress = gr.Progress(),
     ) -> list[Any]:
-        """Run a task on every stride-th frame of a short clip; returns the frames read and the
+        return ends.run(clip, task, size, stride, max_frames, detect_every, smoothing, progress)
+
+    # the API docs, from the declarations (the tasks that declare video)
+    video.__doc__ = f"""Run a task on every stride-th frame of a short clip; returns the frames read and the
         rendered result as browser-playable WebM videos, the downloads, a summary and a run line.
 
         Args:
             clip: the video file (MP4, WebM, MOV or GIF), uploaded to this app.
-            task: pose, seg (body parts), normal, pointmap (depth) or matting.
+            task: one of {_task_list()}.
             size: model size (None: the task's default on this server).
             stride: process every stride-th frame (1 = all); the output keeps the clip's duration.
             max_frames: stop with an error if more frames than this would be processed (None: the server's limit).
-            detect_every: pose: run the person detector on every K-th processed frame; boxes are tracked in between.
-            smoothing: pose: smooth keypoints over time per person (One-Euro filter).
+            detect_every: {_tracking_tasks()}: run the person detector on every K-th processed frame; boxes are tracked in between.
+            smoothing: {_tracking_tasks()}: smooth keypoints over time per person (One-Euro filter).
         """
-        return ends.run(clip, task, size, stride, max_frames, detect_every, smoothing, progress)
-
     return video
 
 
 def plan_endpoint(ends: VideoEndpoints) -> Callable[..., str]:
+    first = default_task()
+
     def video_plan(
-        clip: Any, task: str = "pose", size: str | None = None, stride: int = 1, max_frames: int | None = None
+        clip: Any, task: str = first, size: str | None = None, stride: int = 1, max_frames: int | None = None
     ) -> str:
-        """Check a clip against this server's limits and estimate the run before starting it.
+        return ends.plan(clip, task, size, stride, max_frames)
+
+    video_plan.__doc__ = f"""Check a clip against this server's limits and estimate the run before starting it.
 
         Args:
             clip: the video file (MP4, WebM, MOV or GIF), uploaded to this app.
-            task: pose, seg, normal, pointmap or matting.
+            task: one of {_task_list()}.
             size: model size (None: the task's default).
             stride: process every stride-th frame.
             max_frames: the most frames to process (None: the server's limit).
         """
-        return ends.plan(clip, task, size, stride, max_frames)
-
     return video_plan
 
 
@@ -192,18 +218,20 @@ def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_
     the frames read and the result side by side, downloads and a summary."""
     ends = VideoEndpoints(run, limits)
     manager = run.manager
-    choices = [(registry.get(t).tab, registry.get(t).api_name) for t in VIDEO_TASKS]
+    choices = task_choices()
+    first = default_task()
     with gr.Tab("Video", id="video"):
         with gr.Row():
             with gr.Column(scale=1):
                 clip = clip_input(label="Clip (MP4, WebM, MOV or GIF)", elem_id="video-clip")
-                task = checked_by_package(gr.Radio(choices, value="pose", label="Task"))
-                size = size_dropdown(manager.sizes("pose"), manager.default_size("pose"))
+                task = checked_by_package(gr.Radio(choices, value=first, label="Task"))
+                first_name = _task_name(first)
+                size = size_dropdown(manager.sizes(first_name), manager.default_size(first_name))
                 stride = checked_by_package(gr.Slider(1, STRIDE_MAX, value=1, step=1, label="Frame stride"))
                 max_frames = checked_by_package(
                     gr.Slider(1, limits.max_frames, value=limits.max_frames, step=1, label="Max frames")
                 )
-                with gr.Accordion("Pose over time", open=False):
+                with gr.Accordion("People over time", open=False):
                     detect_every = checked_by_package(
                         gr.Slider(1, DETECT_EVERY_MAX, value=5, step=1, label="Detect people every K frames")
                     )

@@ -26,7 +26,6 @@ _LAZY = {
     "TrackingOptions": ".handlers",
     "VideoPlan": ".runner",
     "VideoResult": ".runner",
-    "VIDEO_TASKS": ".runner",
     "plan_video": ".runner",
     "run_video": ".runner",
 }

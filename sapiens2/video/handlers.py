@@ -46,7 +46,24 @@ DetectMany = Callable[[list[np.ndarray]], list[Any]]  # several frames in one de
 
 
 class FrameHandler:
-    """Base: every frame inferred, rendered at once by ``result.render(**render_options)``."""
+    """Base: every frame inferred, rendered at once by ``result.render(**render_options)``.
+
+    A subclass is one kind of ``Task.video.handler`` (see :data:`HANDLERS`); :meth:`build` makes
+    it for a task from the run's arguments, :meth:`render_kwargs` turns the task's rendering
+    options into the ones it takes."""
+
+    @classmethod
+    def build(
+        cls, task: registry.Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
+    ) -> FrameHandler:
+        """The handler for ``task``'s clip; ``kw``: raw_cap, tracking, detect, detect_many,
+        depth_percentiles (each kind takes what it needs)."""
+        raise NotImplementedError  # pragma: no cover - every kind overrides it
+
+    @staticmethod
+    def render_kwargs(task: registry.Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
+        """The task's rendering options as this handler takes them (the result's render())."""
+        return task.render_args(render_opts)
 
     def __init__(self, render_options: Mapping[str, Any], raw_cap: int) -> None:
         self.render_options = dict(render_options)
@@ -90,7 +107,13 @@ def raw_fields(task: str) -> dict[str, Any]:
 
 
 class DenseFrames(FrameHandler):
-    """Seg, normals, matting: each frame rendered as its photo result would be."""
+    """Each frame rendered as its photo result would be (``handler="frames"``)."""
+
+    @classmethod
+    def build(
+        cls, task: registry.Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
+    ) -> FrameHandler:
+        return cls(task.name, render, kw["raw_cap"])
 
     def __init__(self, task: str, render_options: Mapping[str, Any], raw_cap: int) -> None:
         super().__init__(render_options, raw_cap)
@@ -126,12 +149,23 @@ class DenseFrames(FrameHandler):
 
 
 class DepthFrames(DenseFrames):
-    """Pointmap depth: frames kept, rendered at the end with the clip's 1st/99th percentiles."""
+    """The clip-wide depth hook (``handler="depth"``): each result's ``depth`` and ``mask`` kept,
+    every frame rendered at the end with the clip's 1st/99th percentiles."""
+
+    @classmethod
+    def build(
+        cls, task: registry.Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
+    ) -> FrameHandler:
+        return cls(task.name, render, kw["raw_cap"], kw["depth_percentiles"])
+
+    @staticmethod
+    def render_kwargs(task: registry.Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
+        return {}  # coloured with the clip's bounds: no options
 
     def __init__(
-        self, render_options: Mapping[str, Any], raw_cap: int, percentiles: tuple[float, float]
+        self, task: str, render_options: Mapping[str, Any], raw_cap: int, percentiles: tuple[float, float]
     ) -> None:
-        super().__init__("pointmap", render_options, raw_cap)
+        super().__init__(task, render_options, raw_cap)
         self.percentiles = percentiles
         self.depths: list[np.ndarray] = []
         self.bounds: tuple[float, float] | None = None
@@ -207,23 +241,40 @@ def label_tracks(canvas: np.ndarray, boxes: np.ndarray, track_ids: list[int]) ->
 
 
 class PoseFrames(FrameHandler):
-    """Pose with tracks: detector every K frames, tracker between, One-Euro on each track."""
+    """Keypoints with tracks (``handler="tracks"``): the task's detection hook every K frames,
+    tracker between, One-Euro on each track."""
 
-    task = "pose"  # the declaration whose render defaults it starts from
+    @classmethod
+    def build(
+        cls, task: registry.Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
+    ) -> FrameHandler:
+        hook = task.video.detect if task.video else None
+        detect = kw["detect"] or (hook(pipe, options) if hook else None)
+        if detect is None:
+            raise OptionError(
+                f"The {task.api_name} video needs person boxes: its declaration has no detect hook."
+            )
+        return cls(task.name, render, kw["raw_cap"], kw["tracking"], detect, kw["detect_many"])
+
+    @staticmethod
+    def render_kwargs(task: registry.Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(render_opts)  # the photo's names, checked against the declaration's here
 
     def __init__(
         self,
+        task: str,
         render_options: Mapping[str, Any],
         raw_cap: int,
         tracking: TrackingOptions,
         detect: Detect,
         detect_many: DetectMany | None = None,
     ) -> None:
-        opts = registry.get(self.task).video_render_defaults()  # the declaration's, plus video's
+        self.task = task
+        opts = registry.get(task).video_render_defaults()  # the declaration's, plus video's
         unknown = set(render_options) - set(opts)
         if unknown:
             raise OptionError(
-                f"Unknown pose video render option(s) {sorted(unknown)}; allowed: {sorted(opts)}."
+                f"Unknown {task} video render option(s) {sorted(unknown)}; allowed: {sorted(opts)}."
             )
         super().__init__({**opts, **render_options}, raw_cap)
         self.tracking, self.detect, self.detect_many = tracking, detect, detect_many
@@ -305,9 +356,9 @@ class PoseFrames(FrameHandler):
         arrays = {**pose_arrays(self.frames), "fps": np.float64(fps)}
         needed = sum(int(a.nbytes) for a in arrays.values())
         if needed <= self.raw.cap_bytes:
-            paths.append(save_npz(safe_path(out_dir, name, "_pose_frames.npz"), arrays))
+            paths.append(save_npz(safe_path(out_dir, name, f"_{self.task}_frames.npz"), arrays))
         else:
-            self.note(cap_notice("pose", needed, self.raw.cap_bytes))
+            self.note(cap_notice(self.task, needed, self.raw.cap_bytes))
         return paths
 
     def summary(self) -> dict[str, Any]:
@@ -315,3 +366,15 @@ class PoseFrames(FrameHandler):
             "tracks": self.tracker.ids_issued,
             "people_max": max([len(f.track_ids) for f in self.frames] or [0]),
         }
+
+
+#: ``Task.video.handler`` kind -> its handler class.
+HANDLERS: dict[str, type[FrameHandler]] = {"frames": DenseFrames, "depth": DepthFrames, "tracks": PoseFrames}
+
+
+def handler_class(task: registry.Task) -> type[FrameHandler]:
+    """The handler class a task's video declaration names (OptionError when it runs no video)."""
+    if task.video is None:
+        names = ", ".join(t.api_name for t in registry.video_tasks().values())
+        raise OptionError(f"Video runs the tasks {names}; got {task.api_name!r}.")
+    return HANDLERS[task.video.handler]

@@ -12,9 +12,11 @@ tracker chose), so ``infer`` must take them from each ``prep``. A pipeline witho
 stages is wrapped by :class:`OneCallPerFrame` (one forward per frame, no batching), which keeps
 the runner usable with the single-call pipelines.
 
-Pose runs the person detector itself (``detect``), on every K-th frame, BEFORE the batch's
-prepare: the frames after a detection in the same batch already get its boxes, and every frame
-reaches the pose model with caller boxes, so the pose forward stays one per batch.
+Which tasks run and how their frames are handled comes from each task's declaration
+(``Task.video``: handler kind, raw fields, render defaults, detection hook). A task with a
+detection hook (pose) runs its detector itself, on every K-th frame, BEFORE the batch's prepare:
+the frames after a detection in the same batch already get its boxes, and every frame reaches the
+model with caller boxes, so the forward stays one per batch.
 """
 
 from __future__ import annotations
@@ -33,22 +35,15 @@ import numpy as np
 from ..errors import InputImageError, OptionError, Sapiens2Error
 from ..export import file_stem, safe_path
 from ..imaging import Intake, load_image
+from ..tasks import registry
+from ..tasks.base import run_batch
 from .exports import RAW_CAP_BYTES
-from .handlers import (
-    DenseFrames,
-    DepthFrames,
-    Detect,
-    DetectMany,
-    FrameHandler,
-    PoseFrames,
-    TrackingOptions,
-)
+from .handlers import Detect, DetectMany, FrameHandler, TrackingOptions, handler_class
 from .reader import VideoInfo, VideoLimits, check_stride, iter_frames, planned_frames, probe_video
 from .writer import VIDEO_SUFFIX, VideoWriter
 
 Progress = Callable[[int, int | None], None]  # (frames done, frames planned or None if unknown)
 Infer = Callable[..., list]  # (preps, **options) -> raws: the batch's device work
-VIDEO_TASKS = ("pose", "seg", "normal", "pointmap", "matting")
 MAX_BATCH = 64
 
 
@@ -130,33 +125,6 @@ class VideoResult:
         }
 
 
-def default_detect(pipe: Any, options: Mapping[str, Any]) -> Detect:
-    """Person detection as the photo pose pipeline does it (its detector, threshold, cap)."""
-    from ..detect import detect_people
-
-    def detect(rgb: np.ndarray) -> Any:
-        return detect_people(
-            rgb,
-            detector=getattr(pipe, "detector", "auto"),
-            score_threshold=options.get("score_threshold", 0.3),
-            max_people=options.get("max_people", 20),
-            device=getattr(pipe, "device", None),
-        )
-
-    return detect
-
-
-def _handler(
-    task: str, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
-) -> FrameHandler:
-    if task == "pose":
-        detect = kw["detect"] or default_detect(pipe, options)
-        return PoseFrames(render, kw["raw_cap"], kw["tracking"], detect, kw["detect_many"])
-    if task == "pointmap":
-        return DepthFrames(render, kw["raw_cap"], kw["depth_percentiles"])
-    return DenseFrames(task, render, kw["raw_cap"])
-
-
 def _batches(frames: Iterator[tuple[int, np.ndarray]], size: int, timing: dict[str, float]) -> Iterator[list]:
     while True:
         t0 = time.perf_counter()
@@ -184,16 +152,17 @@ def _run_batch(
         frame_opts = handler.options_for(k0 + j, rgb)
         items.append((frame, rgb, load_image(rgb), frame_opts))
     todo = [(intake, fo) for _, _, intake, fo in items if fo is not None]
-    preps = [stages.prepare(intake, **opts, **fo) for intake, fo in todo]
-    t0 = time.perf_counter()
-    raw_list = list(infer(preps, **opts)) if preps else []
-    timing["infer_s"] += time.perf_counter() - t0
-    if len(raw_list) != len(preps):
-        raise OptionError(f"The pipeline's infer returned {len(raw_list)} results for {len(preps)} frames.")
-    raws = iter(raw_list)
+
+    def timed(preps: list, **options: Any) -> list:
+        t0 = time.perf_counter()
+        raws = list(infer(preps, **options))
+        timing["infer_s"] += time.perf_counter() - t0
+        return raws
+
+    done = iter(run_batch(stages, [i for i, _ in todo], opts, timed, [fo for _, fo in todo]))
     out = []
-    for j, (frame, rgb, intake, fo) in enumerate(items):
-        result = None if fo is None else stages.finish(next(raws), intake, **opts, **fo)
+    for j, (frame, rgb, _, fo) in enumerate(items):
+        result = None if fo is None else next(done)
         info = getattr(result, "info", None)
         timing["model_s"] += float(getattr(info, "model_s", 0.0) or 0.0)
         rendered = handler.consume(k0 + j, frame, frame / fps, rgb, result)
@@ -306,16 +275,16 @@ def iter_video(
     Raises InputVideoError (bad clip, limits), OptionError, VideoEncodeError.
     """
     t_start = time.perf_counter()
-    task = task or getattr(pipe, "task", None)
-    opts = _checked(task, batch_size, options)
+    decl, opts = _checked(task or getattr(pipe, "task", None), batch_size, options)
+    task = decl.name
     plan = plan_video(source, stride=stride, limits=limits)
     if take is not None:
         if isinstance(take, bool) or not isinstance(take, int) or take < 1:
             raise OptionError(f"take must be a whole number of frames >= 1, got {take!r}.")
         plan = VideoPlan(plan.info, plan.stride, take if plan.frames is None else min(plan.frames, take))
     stages = staged(pipe)
-    handler = _handler(
-        task, pipe, opts, render_options or {}, detect=detect, detect_many=detect_many, tracking=tracking,
+    handler = handler_class(decl).build(
+        decl, pipe, opts, render_options or {}, detect=detect, detect_many=detect_many, tracking=tracking,
         raw_cap=raw_cap_bytes, depth_percentiles=depth_percentiles,
     )  # fmt: skip
     out = Path(out_dir)
@@ -375,16 +344,24 @@ def has_audio(path: str | Path, chunk: int = 4 * 1024 * 1024) -> bool:
     return False
 
 
-def _checked(task: Any, batch_size: Any, options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The inference options, after checking the task, the batch size and the options."""
-    if task not in VIDEO_TASKS:
-        raise OptionError(f"Video runs the tasks {', '.join(VIDEO_TASKS)}; got {task!r}.")
+def _checked(
+    task: Any, batch_size: Any, options: Mapping[str, Any] | None
+) -> tuple[registry.Task, dict[str, Any]]:
+    """The task's declaration and the inference options, after checking the task (it declares
+    ``video``), the batch size and the options."""
+    try:
+        decl = registry.get(task) if isinstance(task, str) else None
+    except OptionError:
+        decl = None
+    if decl is None or decl.video is None:
+        names = ", ".join(t.api_name for t in registry.video_tasks().values())
+        raise OptionError(f"Video runs the tasks {names}; got {task!r}.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
         raise OptionError(f"batch_size must be a whole number from 1 to {MAX_BATCH}, got {batch_size!r}.")
     opts = dict(options or {})
     if "boxes" in opts:
         raise OptionError("Video finds the boxes itself (detector and tracker); remove the 'boxes' option.")
-    return opts
+    return decl, opts
 
 
 def _notices(plan: VideoPlan, size: tuple[int, int], handler: FrameHandler) -> list[str]:
