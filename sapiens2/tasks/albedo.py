@@ -13,7 +13,6 @@ photo, x255 truncated to uint8, and the background (segmentation class 0) set to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,9 @@ from ..options import Option
 from ..zoo import get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, Video, forward_seconds
+from .registry import Task, Video
 from .seg import SegLogits
-from .seg_borrow import SegMaskedPipeline
+from .seg_borrow import SegMaskedPipeline, seg_borrowing
 
 #: the release's background grey (vis_albedo.py)
 BACKGROUND_GREY = 100
@@ -128,12 +127,7 @@ class AlbedoPipeline(SegMaskedPipeline):
 # ----------------------------------------------------------------------------- declaration
 
 
-def _needs(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
-    return ("seg",) if infer_opts.get("use_segmentation", True) else ()
-
-
-def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
-    return forward_seconds(size, 1 + len(_needs(infer_opts)))
+_needs, _gpu_seconds = seg_borrowing("use_segmentation", default=True)
 
 
 TASK = Task(

@@ -9,7 +9,6 @@ shortens them). The device returns network-resolution float32 normals; the rest 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ from ..options import Option
 from ..zoo import get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, Video, forward_seconds
+from .registry import Task, Video
 from .seg import SegLogits
-from .seg_borrow import SegMaskedPipeline
+from .seg_borrow import SegMaskedPipeline, seg_borrowing
 
 EPS = 1e-8
 
@@ -135,12 +134,7 @@ class NormalPipeline(SegMaskedPipeline):
 # ----------------------------------------------------------------------------- declaration
 
 
-def _needs(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
-    return ("seg",) if infer_opts.get("remove_background") else ()
-
-
-def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
-    return forward_seconds(size, 1 + len(_needs(infer_opts)))
+_needs, _gpu_seconds = seg_borrowing("remove_background", default=False)
 
 
 TASK = Task(

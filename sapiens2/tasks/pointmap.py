@@ -10,7 +10,6 @@ segmentation. The device returns the network-resolution float32 pointmap; the re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,9 @@ from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, Video, View, forward_seconds
+from .registry import Task, Video, View
 from .seg import SegLogits
-from .seg_borrow import SegMaskedPipeline
+from .seg_borrow import SegMaskedPipeline, seg_borrowing
 
 
 @dataclass(kw_only=True)
@@ -221,12 +220,7 @@ class PointmapPipeline(SegMaskedPipeline):
 # ----------------------------------------------------------------------------- declaration
 
 
-def _needs(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
-    return ("seg",) if infer_opts.get("use_segmentation", True) else ()
-
-
-def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
-    return forward_seconds(size, 1 + len(_needs(infer_opts)))
+_needs, _gpu_seconds = seg_borrowing("use_segmentation", default=True)
 
 
 def _mesh_preview(result: Any, files: list[Path]) -> str | None:

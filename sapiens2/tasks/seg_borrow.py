@@ -9,7 +9,7 @@ its compact logits come back from ``infer`` and are resized to the photo in ``fi
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +21,7 @@ from ..network_input import letterbox_release, stretch_release
 from ..zoo import get_task
 from .base import Pipeline
 from .dense import DensePrep
+from .registry import forward_seconds
 from .seg import SegPipeline
 
 SegSource = SegPipeline | Callable[[], SegPipeline] | None
@@ -123,3 +124,18 @@ class SegMaskedPipeline(Pipeline):
     def foreground(raw: Any, out_hw: tuple[int, int]) -> torch.Tensor | None:
         """(H, W) bool on the CPU, True off the background class; None without segmentation."""
         return None if raw.seg is None else raw.seg.labels(out_hw) != 0
+
+
+def seg_borrowing(
+    option: str, default: bool
+) -> tuple[Callable[[Mapping[str, Any]], tuple[str, ...]], Callable[[str, int, Mapping[str, Any]], float]]:
+    """A borrowing task's ``needs`` and ``gpu_seconds`` declaration fields: it borrows seg when its
+    bool ``option`` (default ``default``) is on, and then runs two forwards instead of one."""
+
+    def needs(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
+        return (SegPipeline.task,) if infer_opts.get(option, default) else ()
+
+    def gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
+        return forward_seconds(size, 1 + len(needs(infer_opts)))
+
+    return needs, gpu_seconds
