@@ -20,6 +20,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from test_fidelity import release_letterbox  # noqa: E402  (albedo is letterboxed as normals)
+
 from sapiens2 import hub_cache, serving  # noqa: E402
 from sapiens2.errors import WeightsUnavailableError  # noqa: E402
 from sapiens2.imaging import load_image  # noqa: E402
@@ -114,16 +116,6 @@ def photo(w: int, h: int) -> np.ndarray:
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
     base = np.stack([xx / w * 200, yy / h * 200, 100 + 80 * np.sin(xx / 37 + yy / 23)], -1)
     return np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
-
-
-def release_letterbox(img: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int, int]]:
-    h, w = img.shape[:2]
-    scale = min(NET_W / w, NET_H / h)
-    nw, nh = int(w * scale), int(h * scale)
-    left, top = (NET_W - nw) // 2, (NET_H - nh) // 2
-    canvas = np.zeros((NET_H, NET_W, 3), np.uint8)
-    canvas[top : top + nh, left : left + nw] = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)
-    return canvas, (top, left, nh, nw)
 
 
 def release_albedo(net: np.ndarray, box, out_hw, background: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
