@@ -64,7 +64,7 @@ def add_examples(
         cache_mode="lazy",
         examples_per_page=8,
         label=f"Examples: click one to run {task.tab.lower()} on it",
-        api_name=False,
+        api_visibility="private",  # Gradio 6: api_name=False became public endpoints named "/false"
         elem_id=f"{task.name}-examples",
     )
     share_model_slots(ex.cache_event)
