@@ -70,6 +70,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = RMS_EPS) -> tor
     Three passes over x (a norm reduction, two multiplies) instead of the five or six of the
     textbook form; on CPU that is about twice as fast and the result agrees to ~1e-7.
     """
+    if x.is_cuda and x.dtype != torch.float32:
+        # CUDA, bf16/fp16: torch's fused kernel normalises in fp32 and rounds to x's dtype in one
+        # pass; the weight is applied after rounding, the same order as below. Measured on an
+        # H100 (bench/gpu_kernels.py, one run): 1b forward 36.97 ms, 41.46 ms with the unfused form.
+        return F.rms_norm(x, (x.shape[-1],), None, eps).mul_(weight)
     r = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
     r = torch.rsqrt(r.square() / x.shape[-1] + eps)  # tiny (..., 1) tensors
     if x.dtype == torch.float32:

@@ -4,9 +4,10 @@ GPU call of the app (a photo task, "All tasks", a video clip), and its constants
 A fresh ZeroGPU worker initialises CUDA and moves every model resident in the server process to
 the GPU before the call's work starts, and both are billed to the call; the work (forwards,
 detector, resizes on the device) comes from each task's declaration (``Task.gpu_seconds``), which
-counts FLOPs at :data:`SUSTAINED_TFLOPS`. None of the three constants below has been measured on
-a GPU yet (none was lent to this project): each is an estimate with its basis, deliberately
-generous, and ``bench/gpu.py`` compares them with measurements (keep their names).
+counts FLOPs at :data:`SUSTAINED_TFLOPS`. Each constant below says what ``bench/gpu.py`` measured
+on an H100 (2026-11-24, torch 2.11) and what is still an estimate: ZeroGPU's own worker start
+and disk read cannot be measured outside ZeroGPU, so those keep a margin (keep the names: the
+bench reads them).
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from ..tasks import registry
 from ..zerogpu import DAILY_QUOTA_S, duration_factor
 from ..zoo import ARCHS
 
-#: ESTIMATE (not measured): seconds a fresh worker spends starting CUDA and its libraries (cuBLAS,
-#: cuDNN handles) before the first tensor moves. Basis: a CUDA context takes 1-2 s on current
-#: drivers; 3 s leaves room for the first kernels' lazy loading.
+#: Seconds a fresh worker spends starting CUDA before the first tensor moves. MEASURED: 0.26 s
+#: for a context and a first matrix product in a fresh process on an H100 (import torch not
+#: counted: ZeroGPU forks a process that has it). ESTIMATE: the rest of the 3 s covers ZeroGPU's
+#: worker fork and the first kernels' lazy loading, which only ZeroGPU itself can show.
 CUDA_INIT_S = 3.0
-#: ESTIMATE (not measured): bytes per second a fresh worker moves to the GPU. Basis: ZeroGPU reads
-#: the packed weights from local disk/page cache into pinned memory, then over PCIe (25+ GB/s);
-#: the disk read bounds it, taken at a conservative NVMe-class 1.5 GB/s.
+#: Bytes per second a fresh worker moves to the GPU. MEASURED: a pinned host -> GPU copy runs at
+#: 54 GB/s on an H100, so PCIe is not the bound. ESTIMATE: ZeroGPU reads the packed weights from
+#: local disk/page cache first; that read bounds it, taken at a conservative NVMe-class 1.5 GB/s.
 MOVE_BYTES_PER_S = 1.5e9
-#: ESTIMATE (not measured): bf16 TFLOP/s a Sapiens2 forward sustains on a ZeroGPU slice. Basis:
-#: the RTX PRO 6000's dense bf16 peak is several hundred TFLOP/s; ViT forwards at batch 1-16
-#: reach a fraction of it, and 50 keeps the work estimates on the safe side.
+#: Sustained rate of a Sapiens2 forward on a ZeroGPU slice, in the spec's FLOP figures
+#: (zoo.ARCHS, about half the FLOPs counted at 2 per multiply-add). MEASURED: 126.8 for
+#: back-to-back 1b forwards at 1024x768, batch 1, on a whole H100 (132 SMs); a ZeroGPU call gets
+#: half a GPU (an H200 MIG 3g slice has 60 SMs: 126.8 x 60 / 132 = 57.6). 50 keeps ~15 % margin.
 SUSTAINED_TFLOPS = 50.0
 #: Never ask for less than a worker's bare start. Never ask for more than a visitor without an
 #: account can start on the slowest node: ZeroGPU charges the request times the node's factor
