@@ -65,11 +65,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(folder: Path) -> tuple[Any, str]:
-    """The app on tiny checkpoints, served on 127.0.0.1 (as tests/test_app.py does)."""
+def serve(folder: Path, threads: int | None = None) -> tuple[Any, str]:
+    """The app on tiny checkpoints, served on 127.0.0.1 (as tests/test_app.py does). ``threads``:
+    torch's CPU threads; None leaves the app's own choice (``accel.configure_cpu_threads``)."""
     import torch
 
-    torch.set_num_threads(1)  # as the tests: tiny models on a small shared CPU
+    if threads:
+        torch.set_num_threads(threads)
     os.environ.setdefault("GRADIO_EXAMPLES_CACHE", str(folder / "examples"))
     from tiny_checkpoints import TASK_NAMES, make_tiny_checkpoint
 
@@ -103,15 +105,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--runs-large", type=int, default=1, help="calls per task for photos over 20 MP")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--show-info", action="store_true", help="print each run info line")
+    ap.add_argument(
+        "--threads", type=int, help="torch CPU threads (default: the app's own, one per usable CPU)"
+    )
     args = ap.parse_args(argv)
     from gradio_client import Client
 
     tmp = Path(tempfile.mkdtemp(prefix="visitor_wait_"))
-    demo, url = serve(tmp)
+    demo, url = serve(tmp, args.threads)
     client = Client(url, download_files=False, verbose=False)
     tasks = args.tasks.split(",")
     load = os.getloadavg()
-    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} CPUs, tiny models")
+    import torch
+
+    print(
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} CPUs, "
+        f"torch threads {torch.get_num_threads()}, tiny models"
+    )
     small = make_photo(640, 480, tmp)
     for task in tasks:  # warm-up: model loads and first-call costs stay out of the figures
         call(client, task, small)
