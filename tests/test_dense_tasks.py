@@ -230,6 +230,18 @@ def test_normal_end_to_end_tiny(pipes, photo_path, tmp_path):
         res.render(background="blue")
 
 
+def test_unit_normalise_in_place_keeps_zero_vectors():
+    from sapiens2.tasks.normal import unit_normalise
+
+    x = np.random.default_rng(0).standard_normal((300, 7, 3)).astype(np.float32) * 50
+    x[5, 3] = 0.0
+    ref = x / np.maximum(np.linalg.norm(x, axis=2, keepdims=True), 1e-8)
+    out = unit_normalise(x)
+    assert out is x  # in place: no photo-sized copy
+    np.testing.assert_allclose(x, ref, atol=1e-6)
+    assert (x[5, 3] == 0).all()
+
+
 def test_normal_known_output_and_background_from_seg():
     def normals(x):
         return NormalOutput(

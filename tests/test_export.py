@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
@@ -96,6 +98,72 @@ def test_npy_casts_without_creating_inf(tmp_path: Path) -> None:
     assert back.dtype == np.float16 and back[0] == 1.5 and np.isnan(back[2])
     assert np.isfinite(back[[0, 1, 3]]).all() and back[1] == np.finfo(np.float16).max
     assert (np.load(export.write_npy(tmp_path / "b.npy", np.arange(4))) == np.arange(4)).all()
+
+
+def _some_files(out: Path) -> list[Path]:
+    """A save() of several kinds: gray, RGB, RGBA PNGs and NPYs with and without a cast."""
+    rng = np.random.default_rng(1)
+    return [
+        export.write_png(out / "rgb.png", rng.integers(0, 256, (300, 200, 3), dtype=np.uint8)),
+        export.write_npy(out / "half.npy", rng.standard_normal((300, 200, 3)).astype(np.float32), np.float16),
+        export.write_png(out / "gray.png", rng.integers(0, 256, (300, 200), dtype=np.uint8)),
+        export.write_png(out / "rgba.png", rng.integers(0, 256, (300, 200, 4), dtype=np.uint8)),
+        export.write_npy(out / "ids.npy", rng.integers(0, 29, (300, 200), dtype=np.uint8)),
+    ]
+
+
+def test_deferred_writes_give_the_sequential_files_in_the_same_order(tmp_path: Path) -> None:
+    one_by_one = _some_files(tmp_path / "seq")
+    with ThreadPoolExecutor(3) as pool, export.deferred_writes(pool) as jobs:
+        side_by_side = _some_files(tmp_path / "pool")
+        assert len(jobs) == len(side_by_side)  # every write went to the pool
+    assert [p.name for p in side_by_side] == [p.name for p in one_by_one]
+    for a, b in zip(one_by_one, side_by_side, strict=True):
+        assert b.read_bytes() == a.read_bytes(), b.name
+    assert [job.result() for job in jobs] == side_by_side
+
+
+def test_deferred_writes_belong_to_the_thread_that_opened_them(tmp_path: Path) -> None:
+    """Another request's thread writes as usual while this one defers (a ContextVar)."""
+    elsewhere: list[Path] = []
+    with ThreadPoolExecutor(2) as pool, export.deferred_writes(pool) as jobs:
+        other = threading.Thread(
+            target=lambda: elsewhere.append(export.write_png(tmp_path / "o.png", np.zeros((4, 4), np.uint8)))
+        )
+        other.start()
+        other.join()
+        assert elsewhere[0].is_file() and not jobs  # written at once, not one of this block's jobs
+    export.write_png(tmp_path / "after.png", np.zeros((4, 4), np.uint8))
+    assert len(jobs) == 0 and (tmp_path / "after.png").is_file()  # the block is over: at once again
+
+
+def test_deferred_write_errors_are_those_of_a_sequential_run(tmp_path: Path) -> None:
+    big = np.random.default_rng(2).integers(0, 256, (1500, 1500, 3), dtype=np.uint8)
+    (tmp_path / "first.png").mkdir()  # a folder where a file should go: the write fails
+    (tmp_path / "second.npy").mkdir()
+
+    def save() -> None:
+        export.write_png(tmp_path / "first.png", big)  # slow: it fails after the next one does
+        export.write_npy(tmp_path / "second.npy", np.zeros(3))
+        export.write_png(tmp_path / "third.png", big)
+
+    with pytest.raises(IsADirectoryError) as sequential:
+        save()
+    with pytest.raises(IsADirectoryError) as deferred:
+        with ThreadPoolExecutor(3) as pool, export.deferred_writes(pool):
+            save()
+    assert Path(deferred.value.filename).name == Path(sequential.value.filename).name == "first.png"
+    # the block's own error after a failed write: the write's error, as a sequential run gives
+    with pytest.raises(IsADirectoryError):
+        with ThreadPoolExecutor(3) as pool, export.deferred_writes(pool):
+            export.write_png(tmp_path / "first.png", big)
+            export.write_png(tmp_path / "bad.png", np.zeros((2, 2), np.float32))  # InputImageError
+    # the block's own error when every write so far went well; those writes are finished by then
+    with pytest.raises(InputImageError, match="uint8/uint16"):
+        with ThreadPoolExecutor(3) as pool, export.deferred_writes(pool):
+            export.write_png(tmp_path / "fine.png", big)
+            export.write_png(tmp_path / "bad.png", np.zeros((2, 2), np.float32))
+    assert (np.asarray(Image.open(tmp_path / "fine.png")) == big).all()
 
 
 def test_json_writes_nan_and_inf_as_null(tmp_path: Path) -> None:

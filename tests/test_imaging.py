@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from sapiens2 import imaging
@@ -24,6 +25,7 @@ from sapiens2.network_input import (
     network_batch,
     normalize,
     pad_info,
+    resize_hwc,
     resize_to,
 )
 from sapiens2.tasks.pose_crops import (
@@ -514,6 +516,28 @@ def test_resize_to_modes() -> None:
     near = resize_to(t, (4, 4), mode="nearest")
     assert near[0, 0].tolist()[0] == [0.0, 0.0, 1.0, 1.0]
     assert resize_to(t, (4, 4)).shape == (1, 1, 4, 4)
+
+
+@pytest.mark.parametrize(
+    ("src_hw", "out_hw"), [((57, 43), (300, 200)), ((120, 90), (47, 61)), ((9, 8), (9, 8))]
+)
+def test_resize_hwc_is_resize_to_channel_last(src_hw, out_hw) -> None:
+    """The same bilinear rule (half-pixel centres) as ``resize_to``, on (H, W[, C]) arrays."""
+    gen = torch.Generator().manual_seed(0)
+    chw = F.interpolate(torch.randn(1, 4, 5, 4, generator=gen), size=src_hw, mode="bicubic")[0]
+    ref = resize_to(chw[None], out_hw)[0].permute(1, 2, 0).numpy()
+    hwc = chw.permute(1, 2, 0).numpy()  # not contiguous: taken as it is
+    for channels in (slice(0, 3), slice(0, 4), slice(3, 4)):
+        out = resize_hwc(hwc[..., channels], out_hw)
+        assert out.shape == (*out_hw, channels.stop - channels.start) and out.dtype == np.float32
+        np.testing.assert_allclose(out, ref[..., channels], atol=1e-5)
+    flat = resize_hwc(hwc[..., 0], out_hw)
+    assert flat.shape == out_hw
+    np.testing.assert_allclose(flat, ref[..., 0], atol=1e-5)
+    same = np.ascontiguousarray(hwc[..., :3])
+    assert not np.shares_memory(resize_hwc(same, src_hw), same)  # always a new array
+    with pytest.raises(InputImageError, match="C<=4"):
+        resize_hwc(np.zeros((4, 4, 5), np.float32), (8, 8))
 
 
 # ------------------------------------------------------------------ person crops

@@ -389,6 +389,52 @@ def test_present_saves_the_rendering_it_shows_without_rendering_twice(tmp_path) 
     assert tuple(saved[0, 0]) == (255, 255, 255)
 
 
+def _normal_result(h: int = 300, w: int = 400):
+    from sapiens2.tasks.base import RunInfo
+    from sapiens2.tasks.normal import NormalResult
+
+    rng = np.random.default_rng(3)
+    n = rng.standard_normal((h, w, 3)).astype(np.float32)
+    return NormalResult(
+        image=rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
+        info=RunInfo("normal", "0.4b", "cpu", "float32"),
+        name="photo",
+        normals=n / np.linalg.norm(n, axis=2, keepdims=True),
+        mask=rng.random((h, w)) > 0.5,
+    )
+
+
+@pytest.mark.parametrize("make", [_normal_result, _matting_result])
+def test_present_writes_side_by_side_the_files_a_sequential_save_writes(tmp_path, monkeypatch, make) -> None:
+    from sapiens2 import export
+
+    encoders: set[str] = set()
+    imencode = export.cv2.imencode
+    monkeypatch.setattr(
+        export.cv2,
+        "imencode",
+        lambda *a, **k: encoders.add(threading.current_thread().name) or imencode(*a, **k),
+    )
+    result = make()
+    shown = serving.present(result, tmp_path / "out", preview_side=64)
+    assert encoders and all(name.startswith("sapiens2-write") for name in encoders)  # on the pool
+    sequential = result.save(tmp_path / "seq", rendered=shown.after)  # no pool: one after another
+    assert [p.name for p in shown.files] == [p.name for p in sequential]
+    for a, b in zip(sequential, shown.files, strict=True):
+        assert b.read_bytes() == a.read_bytes(), b.name
+    assert [p.name for p in shown.previews] == ["before.jpg", "after.jpg"]
+    assert all(p.is_file() for p in shown.previews)
+    assert list(shown.stages.seconds) == ["render", "downloads", "previews", "views"]
+
+
+def test_present_fails_as_a_sequential_save_does_when_a_write_fails(tmp_path) -> None:
+    (tmp_path / "photo_normal.png").mkdir(parents=True)  # where the picture should go: a folder
+    with pytest.raises(IsADirectoryError) as raised:
+        serving.present(_normal_result(), tmp_path, preview_side=64)
+    assert Path(raised.value.filename).name == "photo_normal.png"
+    assert (tmp_path / "photo_normal.npy").is_file()  # the writes started before are finished
+
+
 def test_present_names_a_bad_background_image(tmp_path) -> None:
     bad = tmp_path / "bg.jpg"
     bad.write_bytes(b"")

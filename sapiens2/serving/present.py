@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +15,15 @@ from typing import Any
 import cv2
 import numpy as np
 
+from ..export import deferred_writes
 from ..tasks import registry
 
 #: Long side of the pictures a page shows: a screen needs no more; downloads keep full size.
 PREVIEW_SIDE = 2048
 PREVIEW_JPEG_QUALITY = 90
+#: Threads writing one result's files (PNG/JPEG encoding, zlib and np.save release the GIL): more
+#: than 2 lets a short file finish beside a long one on this 2-core machine; 4 is plenty anywhere.
+WRITE_WORKERS = 3
 
 
 class Stages:
@@ -119,23 +124,34 @@ def present(
 
     ``stages``: where to add this step's timings (render, downloads, previews, views).
     ``preview_side``: also write JPEG previews of the photo and the rendering, that long at most
-    (into ``out_dir/preview``, apart from the downloads)."""
+    (into ``out_dir/preview``, apart from the downloads).
+
+    The files are written side by side on ``WRITE_WORKERS`` threads (:func:`export.deferred_writes`):
+    the photo's preview while the picture renders, the downloads and the rendering's preview
+    together. Each stage is the wall time until its own files are all written, so the stages still
+    add up to the request's time; errors are those of writing one file after another."""
     stages = stages or Stages()
     task = registry.get(result.info.task)
     args = task.render_args(render_opts)
-    with stages.timed("render"):
-        after = result.render(**accepted(result.render, args))
-    with stages.timed("downloads"):
-        files = [Path(p) for p in result.save(Path(out_dir), rendered=after, **accepted(result.save, args))]
-    previews = None
-    if preview_side is not None:
-        with stages.timed("previews"):
+    shown: list[Future[Path]] = []  # the previews' jobs: the photo's, then the rendering's
+    with ThreadPoolExecutor(WRITE_WORKERS, thread_name_prefix="sapiens2-write") as pool:
+        if preview_side is not None:
             folder = Path(out_dir) / "preview"
-            folder.mkdir(exist_ok=True)
-            previews = (
-                write_preview(folder / "before.jpg", result.image, preview_side),
-                write_preview(folder / "after.jpg", after, preview_side),
-            )
+            folder.mkdir(parents=True, exist_ok=True)
+            shown.append(pool.submit(write_preview, folder / "before.jpg", result.image, preview_side))
+        with stages.timed("render"):  # the photo's preview is written meanwhile
+            after = result.render(**accepted(result.render, args))
+        with stages.timed("downloads"), deferred_writes(pool):  # leaving waits for every file
+            files = [
+                Path(p) for p in result.save(Path(out_dir), rendered=after, **accepted(result.save, args))
+            ]
+            if preview_side is not None:  # after the downloads' jobs: they are waited for first
+                shown.append(pool.submit(write_preview, folder / "after.jpg", after, preview_side))
+        previews = None
+        if preview_side is not None:
+            with stages.timed("previews"):  # what is left of them once the downloads are written
+                before_jpg, after_jpg = (job.result() for job in shown)
+                previews = (before_jpg, after_jpg)
     with stages.timed("views"):
         views = [view.value(result, files) for view in task.views]
     return Presented(

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import InputImageError
 from ..imaging import Intake, load_image
-from ..network_input import resize_to, stretch_antialiased
+from ..network_input import resize_hwc, stretch_antialiased
 from ..options import Option
 from ..render import CHROMA_GREEN
 from ..zoo import get_task
@@ -88,7 +88,7 @@ class MattingPipeline(Pipeline):
     def infer(self, batch: list[DensePrep], **_: Any) -> list[MattingRaw]:
         raws = [MattingRaw() for _ in batch]
         for a, out in chunked_forward(self, [p.pixels for p in batch], [r.timing for r in raws]):
-            both = torch.cat([out.foreground, out.alpha], dim=1)  # one array, one resize later
+            both = torch.cat([out.foreground, out.alpha], dim=1)  # one array across the boundary
             for j, item in enumerate(both):
                 raws[a + j].both = to_cpu32(item)
         return raws
@@ -96,19 +96,23 @@ class MattingPipeline(Pipeline):
     def finish(self, raw: MattingRaw, intake: Intake, **_: Any) -> MattingResult:
         """As transformers: bilinear (no antialias) to the photo, clamped to [0, 1]."""
         info, notices = start_result(self, intake, raw)
-        both = torch.from_numpy(raw.both)
-        if not bool(torch.isfinite(both).all()):
+        both = raw.both
+        if not np.isfinite(both).all():
             notices.append("The matting model returned non-finite values; they were set to 0.")
-            both = torch.nan_to_num(both, nan=0.0, posinf=1.0, neginf=0.0)
-        both = resize_to(both[None], intake.size_hw).clamp_(0.0, 1.0)[0]
+            both = np.nan_to_num(both, nan=0.0, posinf=1.0, neginf=0.0)
+        # each output resized on its own, channel-last: both arrive contiguous, nothing is copied
+        fg = resize_hwc(both[:3].transpose(1, 2, 0), intake.size_hw)
+        alpha = resize_hwc(both[3], intake.size_hw)
+        for arr in (fg, alpha):
+            np.clip(arr, 0.0, 1.0, out=arr)
         return MattingResult(
             image=intake.rgb,
             info=info,
             notices=notices,
             downscaled=intake.downscaled,
             name=intake.name,
-            foreground=both[:3].permute(1, 2, 0).contiguous().numpy(),
-            alpha=both[3].contiguous().numpy(),
+            foreground=fg,
+            alpha=alpha,
         )
 
 

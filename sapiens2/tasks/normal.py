@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
-import torch
 
 from ..errors import OptionError
 from ..imaging import Intake
-from ..network_input import crop_padding, resize_to
+from ..network_input import crop_padding, resize_hwc
 from ..options import Option
 from ..zoo import get_task
 from .base import TaskResult
@@ -30,9 +30,24 @@ from .seg_borrow import SegMaskedPipeline, seg_borrowing
 EPS = 1e-8
 
 
-def unit_normalise(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    """x / max(|x|, 1e-8) along ``dim``: unit vectors, zero vectors stay zero."""
-    return x / x.norm(dim=dim, keepdim=True).clamp_min(EPS)
+_ROWS = 128  # rows per block of unit_normalise: its temporaries stay in cache (6 MB at 4000 px)
+_SUM3 = np.ones((1, 3), np.float32)
+
+
+def unit_normalise(x: np.ndarray) -> np.ndarray:
+    """``x`` (H, W, 3) float32 divided IN PLACE by max(|x|, 1e-8) per pixel: unit vectors, zero
+    vectors stay zero; returns ``x``.
+
+    cv2 passes over blocks of rows: 0.04 s at 12 MP against 1.2 s for torch's
+    ``x / x.norm(dim=1)`` on (1, 3, H, W) (one thread, a strided reduction and full-size
+    temporaries)."""
+    for top in range(0, x.shape[0], _ROWS):
+        block = x[top : top + _ROWS]
+        norm = cv2.transform(cv2.multiply(block, block), _SUM3)  # (rows, W): sum of squares
+        cv2.sqrt(norm, dst=norm)
+        np.maximum(norm, EPS, out=norm)
+        cv2.divide(block, cv2.merge([norm, norm, norm]), dst=block)
+    return x
 
 
 @dataclass(kw_only=True)
@@ -58,10 +73,10 @@ class NormalResult(TaskResult):
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
         from ..export import safe_path, write_npy, write_png
+        from ..render import finite_f32
 
-        finite = np.nan_to_num(self.normals, nan=0.0, posinf=0.0, neginf=0.0)
-        paths = [
-            write_npy(safe_path(out_dir, self.name, "_normal.npy"), finite, np.float16),
+        paths = [  # finite_f32: NaN/inf -> 0, copying only when there is one (finish never makes any)
+            write_npy(safe_path(out_dir, self.name, "_normal.npy"), finite_f32(self.normals), np.float16),
             write_png(
                 safe_path(out_dir, self.name, "_normal.png"), self.render() if rendered is None else rendered
             ),
@@ -114,11 +129,12 @@ class NormalPipeline(SegMaskedPipeline):
         """As the release: unit length at network resolution, bilinear to the photo, unit again
         (interpolating unit vectors shortens them)."""
         info, notices = start_result(self, intake, raw)
-        n = torch.from_numpy(raw.normals)
-        if not bool(torch.isfinite(n).all()):
+        n = raw.normals.transpose(1, 2, 0).astype(np.float32, order="C")  # a copy: raw is kept as is
+        if not np.isfinite(n).all():
             notices.append("The normal model returned non-finite values; those pixels are left at zero.")
-            n = torch.nan_to_num(n, nan=0.0, posinf=0.0, neginf=0.0)
-        n = unit_normalise(resize_to(unit_normalise(n[None]), intake.size_hw))[0]
+            np.nan_to_num(n, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+        # channel-last from here: cv2 resizes and normalises the photo-sized array in place
+        n = unit_normalise(resize_hwc(unit_normalise(n), intake.size_hw))
         fg = self.foreground(raw, intake.size_hw)
         return NormalResult(
             image=intake.rgb,
@@ -126,7 +142,7 @@ class NormalPipeline(SegMaskedPipeline):
             notices=notices,
             downscaled=intake.downscaled,
             name=intake.name,
-            normals=n.permute(1, 2, 0).contiguous().numpy(),
+            normals=n,
             mask=None if fg is None else fg.numpy(),
         )
 
