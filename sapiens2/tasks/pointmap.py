@@ -10,6 +10,7 @@ segmentation. The device returns the network-resolution float32 pointmap; the re
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..imaging import Intake
-from ..mesh import PREVIEW_MAX_FACES, GridMesh
+from ..mesh import PREVIEW_MAX_FACES, GridMesh, finite_points, pixels_where
 from ..network_input import PadInfo, crop_padding, resize_to
 from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
@@ -28,6 +29,10 @@ from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .registry import Task, Video, View
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline, seg_borrowing
+
+#: threads writing a result's files (see PointmapResult.save): 2 keeps both cores of a small
+#: CPU busy; more only queue behind them
+SAVE_THREADS = 2
 
 
 @dataclass(kw_only=True)
@@ -55,8 +60,18 @@ class PointmapResult(TaskResult):
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """Foreground points (N, 3) float32 and their image colours (N, 3) uint8, row-major order."""
-        keep = self.mask & np.isfinite(self.pointmap).all(axis=2)
-        return self.pointmap[keep], self.image[keep]
+        keep = self.mask & finite_points(self.pointmap)
+        return pixels_where(self.pointmap, keep), pixels_where(self.image, keep)
+
+    def _points_of(self, mesh: GridMesh) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`points` without gathering them again: the full mesh's vertices and colours are
+        those points (same pixels, same order) unless a foreground pixel has a finite point at
+        z <= 0, which the mesh leaves out (finish never keeps one in the mask)."""
+        with np.errstate(invalid="ignore"):
+            behind = self.mask & (self.pointmap[:, :, 2] <= 0)
+        if mesh.step == 1 and not behind.any():
+            return mesh.vertices, mesh.colors
+        return self.points()
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
@@ -79,21 +94,30 @@ class PointmapResult(TaskResult):
         from ..export import safe_path, write_glb, write_npy, write_ply, write_png
         from ..mesh import write_mesh_glb, write_mesh_ply
 
-        pts, cols = self.points()
-        full = self.mesh()
-        paths = [
-            write_npy(safe_path(out_dir, self.name, "_depth.npy"), self.depth),
-            write_npy(safe_path(out_dir, self.name, "_pointmap.npy"), self.pointmap),
-            write_png(
-                safe_path(out_dir, self.name, "_depth.png"), self.render() if rendered is None else rendered
-            ),
-            write_ply(safe_path(out_dir, self.name, "_pointcloud.ply"), pts, cols),
-            write_glb(safe_path(out_dir, self.name, "_pointcloud.glb"), pts, cols),  # subsampled for browsers
-            write_mesh_glb(safe_path(out_dir, self.name, "_mesh.glb"), full),
-            write_mesh_ply(safe_path(out_dir, self.name, "_mesh.ply"), full),
-            write_mesh_glb(safe_path(out_dir, self.name, "_mesh_preview.glb"), self.mesh(preview=True)),
-        ]
-        return [Path(p) for p in paths]
+        def path(suffix: str) -> Path:
+            return safe_path(out_dir, self.name, suffix)
+
+        def png() -> Path:
+            return write_png(path("_depth.png"), self.render() if rendered is None else rendered)
+
+        # Independent files, written concurrently: numpy's copies, file writes and PNG encoding
+        # release the GIL, so the big ones overlap (the mesh files alone are ~300 MB each at 12 MP).
+        with ThreadPoolExecutor(SAVE_THREADS, thread_name_prefix="pointmap-save") as pool:
+            early = [
+                pool.submit(write_npy, path("_depth.npy"), self.depth),
+                pool.submit(write_npy, path("_pointmap.npy"), self.pointmap),
+                pool.submit(png),
+                pool.submit(lambda: write_mesh_glb(path("_mesh_preview.glb"), self.mesh(preview=True))),
+            ]
+            full = self.mesh()  # meanwhile: the full mesh, whose vertices are the point cloud too
+            pts, cols = self._points_of(full)
+            mesh_glb = pool.submit(write_mesh_glb, path("_mesh.glb"), full)  # the biggest first
+            mesh_ply = pool.submit(write_mesh_ply, path("_mesh.ply"), full)
+            cloud_ply = pool.submit(write_ply, path("_pointcloud.ply"), pts, cols)
+            cloud_glb = pool.submit(write_glb, path("_pointcloud.glb"), pts, cols)  # subsampled for browsers
+            # the documented order: arrays, picture, point cloud, mesh, preview mesh
+            ordered = [*early[:3], cloud_ply, cloud_glb, mesh_glb, mesh_ply, early[3]]
+            return [Path(f.result()) for f in ordered]
 
     def mesh(self, *, preview: bool = False) -> GridMesh:
         """The foreground as a triangle mesh (:func:`sapiens2.mesh.grid_mesh`; vertices = the
