@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..imaging import Intake
 from ..mesh import PREVIEW_MAX_FACES, GridMesh, finite_points, pixels_where
-from ..network_input import PadInfo, crop_padding, resize_to
+from ..network_input import PadInfo, crop_padding
 from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
@@ -148,12 +149,18 @@ def blur_release(pm: torch.Tensor) -> torch.Tensor:
     return x[0]
 
 
-def to_photo(pm: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    """The release's way back: when the photo is larger than the (cropped) output, blur first
-    (:func:`blur_release`), then bilinear (``align_corners=False``, no antialias)."""
+def to_photo(pm: torch.Tensor, out_hw: tuple[int, int]) -> np.ndarray:
+    """(3, h, w) -> (H, W, 3) float32 numpy, the release's way back: when the photo is larger than
+    the (cropped) output, blur first (:func:`blur_release`), then bilinear (half-pixel centres, no
+    antialias) with ``cv2.INTER_LINEAR`` as the release does. cv2 writes the (H, W, 3) layout the
+    result keeps directly and, at 12 MP, runs ~10x faster than torch's bilinear, whose float32
+    source coordinates drift by ~1e-5 of the range far from the origin (cv2: ~1e-7)."""
     if out_hw[0] > pm.shape[-2] or out_hw[1] > pm.shape[-1]:
         pm = blur_release(pm)
-    return resize_to(pm[None], out_hw)[0]
+    hwc = np.ascontiguousarray(pm.permute(1, 2, 0).numpy(), dtype=np.float32)
+    if hwc.shape[:2] == tuple(out_hw):
+        return hwc
+    return cv2.resize(hwc, (out_hw[1], out_hw[0]), interpolation=cv2.INTER_LINEAR)
 
 
 @dataclass
@@ -215,13 +222,13 @@ class PointmapPipeline(SegMaskedPipeline):
         if not bool(finite.all()):
             notices.append("The pointmap model returned non-finite values; those pixels are NaN (no point).")
             pm = torch.where(finite, pm, torch.full_like(pm, float("nan")))  # inf -> NaN: one "missing" value
-        pm = to_photo(pm / scale_used, intake.size_hw)
-        valid = torch.isfinite(pm).all(0) & (pm[2] > 0)
-        if not bool(valid.any()):
+        pointmap = to_photo(pm / scale_used, intake.size_hw)
+        with np.errstate(invalid="ignore"):
+            valid = finite_points(pointmap) & (pointmap[:, :, 2] > 0)
+        if not valid.any():
             notices.append("The model gave no point in front of the camera.")
         fg = self.foreground(raw, intake.size_hw)
-        mask = valid if fg is None else fg & valid
-        pointmap = pm.permute(1, 2, 0).contiguous().numpy()
+        mask = valid if fg is None else fg.numpy() & valid
         focal_in = POINTMAP_CANONICAL_FOCAL / scale_used if scale_used == scale else float("nan")
         # focal lengths scale with the image: network-input px per original px along x is the
         # letterboxed width over the original width (intake downscale and letterbox resize together)
@@ -234,7 +241,7 @@ class PointmapPipeline(SegMaskedPipeline):
             name=intake.name,
             pointmap=pointmap,
             depth=np.ascontiguousarray(pointmap[:, :, 2]),
-            mask=mask.numpy(),
+            mask=mask,
             scale=scale,
             focal_px=float(focal_orig),
             focal_px_input=float(focal_in),
