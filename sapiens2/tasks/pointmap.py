@@ -64,16 +64,6 @@ class PointmapResult(TaskResult):
         keep = self.mask & finite_points(self.pointmap)
         return pixels_where(self.pointmap, keep), pixels_where(self.image, keep)
 
-    def _points_of(self, mesh: GridMesh) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`points` without gathering them again: the full mesh's vertices and colours are
-        those points (same pixels, same order) unless a foreground pixel has a finite point at
-        z <= 0, which the mesh leaves out (finish never keeps one in the mask)."""
-        with np.errstate(invalid="ignore"):
-            behind = self.mask & (self.pointmap[:, :, 2] <= 0)
-        if mesh.step == 1 and not behind.any():
-            return mesh.vertices, mesh.colors
-        return self.points()
-
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out.update(
@@ -102,23 +92,25 @@ class PointmapResult(TaskResult):
             return write_png(path("_depth.png"), self.render() if rendered is None else rendered)
 
         # Independent files, written concurrently: numpy's copies, file writes and PNG encoding
-        # release the GIL, so the big ones overlap (the mesh files alone are ~300 MB each at 12 MP).
+        # release the GIL, so the big ones overlap (the mesh files alone are ~300 MB each at 12 MP)
+        # and the point cloud is written while the mesh's faces are being built.
         with ThreadPoolExecutor(SAVE_THREADS, thread_name_prefix="pointmap-save") as pool:
-            early = [
-                pool.submit(write_npy, path("_depth.npy"), self.depth),
-                pool.submit(write_npy, path("_pointmap.npy"), self.pointmap),
-                pool.submit(png),
-                pool.submit(lambda: write_mesh_glb(path("_mesh_preview.glb"), self.mesh(preview=True))),
-            ]
-            full = self.mesh()  # meanwhile: the full mesh, whose vertices are the point cloud too
-            pts, cols = self._points_of(full)
-            mesh_glb = pool.submit(write_mesh_glb, path("_mesh.glb"), full)  # the biggest first
-            mesh_ply = pool.submit(write_mesh_ply, path("_mesh.ply"), full)
-            cloud_ply = pool.submit(write_ply, path("_pointcloud.ply"), pts, cols)
-            cloud_glb = pool.submit(write_glb, path("_pointcloud.glb"), pts, cols)  # subsampled for browsers
-            # the documented order: arrays, picture, point cloud, mesh, preview mesh
-            ordered = [*early[:3], cloud_ply, cloud_glb, mesh_glb, mesh_ply, early[3]]
-            return [Path(f.result()) for f in ordered]
+            pts, cols = self.points()
+            jobs = {
+                "cloud_ply": pool.submit(write_ply, path("_pointcloud.ply"), pts, cols),
+                "pointmap": pool.submit(write_npy, path("_pointmap.npy"), self.pointmap),
+                "png": pool.submit(png),
+                "cloud_glb": pool.submit(write_glb, path("_pointcloud.glb"), pts, cols),  # subsampled
+                "depth": pool.submit(write_npy, path("_depth.npy"), self.depth),
+                "preview": pool.submit(
+                    lambda: write_mesh_glb(path("_mesh_preview.glb"), self.mesh(preview=True))
+                ),
+            }
+            full = self.mesh()
+            jobs["mesh_glb"] = pool.submit(write_mesh_glb, path("_mesh.glb"), full)
+            jobs["mesh_ply"] = pool.submit(write_mesh_ply, path("_mesh.ply"), full)
+            order = ("depth", "pointmap", "png", "cloud_ply", "cloud_glb", "mesh_glb", "mesh_ply", "preview")
+            return [Path(jobs[k].result()) for k in order]
 
     def mesh(self, *, preview: bool = False) -> GridMesh:
         """The foreground as a triangle mesh (:func:`sapiens2.mesh.grid_mesh`; vertices = the
