@@ -1,6 +1,6 @@
 """Files people download: PNG, NPY, JSON (Sapiens-308, COCO-17, OpenPose BODY_25), PLY, GLB.
 
-Point clouds are written with ``trimesh`` (as are meshes, :mod:`sapiens2.mesh`); OpenPose COCO-18
+Point clouds (and meshes, :mod:`sapiens2.mesh`) are written by :mod:`sapiens2.plyglb`; OpenPose COCO-18
 and the ControlNet picture live in :mod:`sapiens2.openpose`.
 
 Every writer takes a path and returns the Path it wrote. File names come from ``safe_path``:
@@ -26,7 +26,9 @@ from typing import Any
 import cv2
 import numpy as np
 
+from . import plyglb
 from .errors import InputImageError, OptionError
+from .mesh import OPENCV_TO_GLTF
 from .metadata import BODY25_PAIRS, COCO17_INDEX, COCO17_NAMES, KEYPOINT_NAMES, NUM_KEYPOINTS
 from .render import matte_arrays, to_uint8
 
@@ -376,30 +378,17 @@ def _cloud(points: Any, colors: Any) -> tuple[np.ndarray, np.ndarray | None]:
         cols = cols.reshape(-1, 3)
         if len(cols) != len(pts):
             raise InputImageError(f"{len(pts)} points but {len(cols)} colours.")
+    if np.isfinite(pts).all():  # the usual case: nothing to drop, no copy
+        return pts, cols
     keep = np.isfinite(pts).all(axis=1)  # NaN/inf points are dropped, never written
     return pts[keep], None if cols is None else cols[keep]
 
 
-def _trimesh_cloud(points: np.ndarray, colors: np.ndarray | None) -> Any:
-    """A trimesh object for a cloud: a PointCloud, or an empty Trimesh when there is no point
-    (trimesh refuses to export an empty PointCloud; an empty Trimesh gives a valid empty file)."""
-    import trimesh
-
-    if len(points) == 0:
-        return trimesh.Trimesh(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int32), process=False)
-    rgba = None
-    if colors is not None:  # RGBA: trimesh writes a 4th (alpha) channel anyway
-        rgba = np.concatenate([colors, np.full((len(colors), 1), 255, np.uint8)], axis=1)
-    return trimesh.PointCloud(points, colors=rgba)
-
-
 def write_ply(path: str | Path, points: Any, colors: Any = None) -> Path:
-    """Binary little-endian PLY (trimesh): float x, y, z (+ uchar red, green, blue, alpha = 255);
+    """Binary little-endian PLY: float x, y, z (+ uchar red, green, blue, alpha = 255);
     non-finite points dropped."""
     pts, cols = _cloud(points, colors)
-    p = _prepare(path)
-    _trimesh_cloud(pts, cols).export(p, file_type="ply")
-    return p
+    return plyglb.write_ply(_prepare(path), pts, cols)
 
 
 def subsample(n: int, max_points: int) -> np.ndarray:
@@ -417,7 +406,7 @@ def write_glb(
     max_points: int = GLB_MAX_POINTS,
     opencv_to_gltf: bool = True,
 ) -> Path:
-    """glTF 2.0 binary (trimesh) with one POINTS primitive (POSITION float32, COLOR_0 RGBA uint8
+    """glTF 2.0 binary with one POINTS primitive (POSITION float32, COLOR_0 RGBA uint8
     normalised when colours are given).
 
     At most max_points points (a deterministic random subset; keep the full cloud in the PLY).
@@ -429,7 +418,6 @@ def write_glb(
         raise OptionError(f"max_points must be at least 1, got {max_points}.")
     pts, cols = _cloud(points, colors)
     idx = subsample(len(pts), max_points)
-    pts = pts[idx] * (np.array([1, -1, -1], np.float32) if opencv_to_gltf else 1)
-    p = _prepare(path)
-    _trimesh_cloud(pts, None if cols is None else cols[idx]).export(p, file_type="glb")
-    return p
+    if len(idx) < len(pts):
+        pts, cols = pts[idx], None if cols is None else cols[idx]
+    return plyglb.write_glb(_prepare(path), pts, cols, flip=OPENCV_TO_GLTF if opencv_to_gltf else None)

@@ -16,7 +16,7 @@ Relative to depth and focal, the rule means the same thing at every distance and
 Vertices are every foreground pixel in row-major order (the point cloud's points, the same
 order), so the vertex count is the foreground pixel count; coordinates stay in the camera frame
 (x right, y down, z forward, metres) and the GLB writer turns them into glTF's frame as the
-point-cloud GLB does. Files are written with ``trimesh`` (GLB and binary PLY).
+point-cloud GLB does. Files are written by :mod:`sapiens2.plyglb` (GLB and binary PLY).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from . import plyglb
 from .errors import InputImageError, OptionError
 
 MAX_EDGE_FOOTPRINTS = 10.0
@@ -108,7 +109,7 @@ def grid_mesh(
     pm, m, img = pm[::step, ::step], m[::step, ::step], img[::step, ::step]
     z = pm[:, :, 2]
     with np.errstate(invalid="ignore"):
-        valid = m & np.isfinite(pm).all(axis=2) & (z > 0)
+        valid = m & finite_points(pm) & (z > 0)
     if focal_px is not None and math.isfinite(focal_px) and focal_px > 0:
         f = float(focal_px) / step  # the subsampled grid's pixels are `step` times larger
     else:
@@ -116,28 +117,62 @@ def grid_mesh(
     index = np.full(valid.shape, -1, np.int32)
     index[valid] = np.arange(int(valid.sum()), dtype=np.int32)
     faces = _faces(pm, z, index, (max_edge_footprints / f) ** 2)
-    return GridMesh(pm[valid], img[valid], faces, step)
+    return GridMesh(pixels_where(pm, valid), pixels_where(img, valid), faces, step)
+
+
+def finite_points(pm: np.ndarray) -> np.ndarray:
+    """(H, W) bool: the pixels of ``pm`` (H, W, 3) whose three coordinates are finite. One test per
+    plane: ``np.isfinite(pm).all(axis=2)`` reduces over a length-3 axis ~10x slower."""
+    return np.isfinite(pm[:, :, 0]) & np.isfinite(pm[:, :, 1]) & np.isfinite(pm[:, :, 2])
+
+
+def pixels_where(arr: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``arr[keep]`` for an (H, W, C) array and an (H, W) mask, in row-major order: the same
+    values, gathered ~4x faster by ``np.compress`` on the (H * W, C) rows."""
+    return np.compress(keep.ravel(), arr.reshape(-1, arr.shape[2]), axis=0)
+
+
+def _edge_ok(
+    pm: np.ndarray, z: np.ndarray, p: tuple[slice, slice], q: tuple[slice, slice], k2: float
+) -> np.ndarray:
+    """Edge test between pixels ``pm[p]`` and ``pm[q]``: squared length <= k2 * z_near^2."""
+    return _sq_len(pm[p], pm[q]) <= k2 * np.minimum(z[p], z[q]) ** 2
 
 
 def _faces(pm: np.ndarray, z: np.ndarray, index: np.ndarray, k2: float) -> np.ndarray:
     """(F, 3) triangles of the grid whose vertices exist and whose edges pass the length test
     (squared length <= k2 * z_near^2, twice that for the diagonal)."""
-    if min(index.shape) < 2:
+    h, w = index.shape
+    if min(h, w) < 2:
         return np.zeros((0, 3), np.int32)
     a, b, c, d = index[:-1, :-1], index[:-1, 1:], index[1:, :-1], index[1:, 1:]
+    every, head, tail = slice(None), slice(None, -1), slice(1, None)  # all, all but last, all but first
     with np.errstate(invalid="ignore"):  # NaN points are never vertices; their comparisons are False
-        top = _sq_len(pm[:-1, 1:], pm[:-1, :-1]) <= k2 * np.minimum(z[:-1, 1:], z[:-1, :-1]) ** 2
-        bottom = _sq_len(pm[1:, 1:], pm[1:, :-1]) <= k2 * np.minimum(z[1:, 1:], z[1:, :-1]) ** 2
-        left = _sq_len(pm[1:, :-1], pm[:-1, :-1]) <= k2 * np.minimum(z[1:, :-1], z[:-1, :-1]) ** 2
-        right = _sq_len(pm[1:, 1:], pm[:-1, 1:]) <= k2 * np.minimum(z[1:, 1:], z[:-1, 1:]) ** 2
-        diag = _sq_len(pm[1:, :-1], pm[:-1, 1:]) <= 2 * k2 * np.minimum(z[1:, :-1], z[:-1, 1:]) ** 2
+        # each horizontal edge is the top of one block and the bottom of the one above it (and each
+        # vertical edge a right and a left side): tested once, on the same operands as per block
+        across = _edge_ok(pm, z, (every, tail), (every, head), k2)  # (H, W-1): pixel, left neighbour
+        along = _edge_ok(pm, z, (tail, every), (head, every), k2)  # (H-1, W): pixel, the one above
+        diag = _edge_ok(pm, z, (tail, head), (head, tail), 2 * k2)  # bottom-left, top-right
     shared = (b >= 0) & (c >= 0) & diag
-    upper = shared & (a >= 0) & top & left
-    lower = shared & (d >= 0) & bottom & right
+    upper = shared & (a >= 0) & across[:-1] & along[:, :-1]
+    lower = shared & (d >= 0) & across[1:] & along[:, 1:]
     # winding (a, c, b): its normal points toward the camera (-z in the camera frame)
-    tri_upper = np.stack([a[upper], c[upper], b[upper]], axis=1)
-    tri_lower = np.stack([b[lower], c[lower], d[lower]], axis=1)
-    return np.concatenate([tri_upper, tri_lower]).astype(np.int32, copy=False)
+    firsts = [_block_starts(blocks) for blocks in (upper, lower)]
+    faces = np.empty((sum(len(f) for f in firsts), 3), np.int32)
+    flat, rows = index.ravel(), 0
+    for first, corners in zip(firsts, [(0, w, 1), (1, w, w + 1)], strict=True):
+        for k, offset in enumerate(corners):  # a corner `offset` pixels past the block's top-left
+            faces[rows : rows + len(first), k] = flat[offset:][first]
+        rows += len(first)
+    return faces
+
+
+def _block_starts(blocks: np.ndarray) -> np.ndarray:
+    """Flat pixel positions (row-major) of the top-left corners of the chosen (H-1, W-1) blocks:
+    the blocks set on rows of the full width W, so a block's position is its pixel's."""
+    on_rows = np.zeros((blocks.shape[0], blocks.shape[1] + 1), bool)
+    on_rows[:, :-1] = blocks
+    return np.flatnonzero(on_rows)
 
 
 def preview_step(num_points: int, max_faces: int = PREVIEW_MAX_FACES) -> int:
@@ -165,15 +200,6 @@ def preview_mesh(
 # ---------------------------------------------------------------- files
 
 
-def _trimesh(mesh: GridMesh, to_gltf: bool) -> Any:
-    import trimesh
-
-    verts = mesh.vertices * OPENCV_TO_GLTF if to_gltf else mesh.vertices
-    return trimesh.Trimesh(
-        vertices=verts, faces=mesh.faces, vertex_colors=mesh.colors, process=False, validate=False
-    )
-
-
 def _prepare(path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -185,24 +211,15 @@ def write_mesh_glb(path: str | Path, mesh: GridMesh, *, opencv_to_gltf: bool = T
     uint32 indices. ``opencv_to_gltf``: camera frame -> glTF frame (see :data:`OPENCV_TO_GLTF`).
 
     A mesh with vertices but no face (every triangle cut) is written as a POINTS primitive, since
-    glTF writers drop a triangle primitive without indices and the vertices would be lost."""
-    p = _prepare(path)
-    if mesh.num_faces == 0 and len(mesh.vertices):
-        from .export import write_glb
-
-        return write_glb(
-            p, mesh.vertices, mesh.colors, max_points=len(mesh.vertices), opencv_to_gltf=opencv_to_gltf
-        )
-    _trimesh(mesh, opencv_to_gltf).export(p, file_type="glb")
-    return p
+    a triangle primitive without indices would draw its vertices as triangles."""
+    flip = OPENCV_TO_GLTF if opencv_to_gltf else None
+    return plyglb.write_glb(_prepare(path), mesh.vertices, mesh.colors, mesh.faces, flip=flip)
 
 
 def write_mesh_ply(path: str | Path, mesh: GridMesh) -> Path:
     """Binary little-endian PLY in the camera frame (as the point-cloud PLY): float x, y, z,
     uchar red, green, blue, alpha per vertex; a face list of vertex indices."""
-    p = _prepare(path)
-    _trimesh(mesh, False).export(p, file_type="ply")
-    return p
+    return plyglb.write_ply(_prepare(path), mesh.vertices, mesh.colors, mesh.faces)
 
 
 __all__ = [
@@ -210,7 +227,9 @@ __all__ = [
     "PREVIEW_MAX_FACES",
     "GridMesh",
     "estimate_focal",
+    "finite_points",
     "grid_mesh",
+    "pixels_where",
     "preview_mesh",
     "preview_step",
     "write_mesh_glb",

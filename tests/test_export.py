@@ -272,6 +272,23 @@ def test_ply_parses_back_with_expected_count_and_values(tmp_path: Path) -> None:
         export.write_ply(tmp_path / "bad.ply", pts[:4], cols[:3])
 
 
+def test_cloud_files_do_not_depend_on_the_writers_chunk_size(tmp_path: Path, monkeypatch) -> None:
+    """The writers pack arrays in chunks of ``plyglb.CHUNK_ROWS`` rows: any chunk size (here
+    one that splits the arrays unevenly) writes the same bytes."""
+    from sapiens2 import plyglb
+
+    rng = np.random.default_rng(4)
+    pts = rng.normal(size=(50, 3)).astype(np.float32)
+    cols = rng.integers(0, 256, (50, 3), dtype=np.uint8)
+    whole = [export.write_ply(tmp_path / "a.ply", pts, cols), export.write_glb(tmp_path / "a.glb", pts, cols)]
+    monkeypatch.setattr(plyglb, "CHUNK_ROWS", 7)
+    chunked = [
+        export.write_ply(tmp_path / "b.ply", pts, cols),
+        export.write_glb(tmp_path / "b.glb", pts, cols),
+    ]
+    assert [p.read_bytes() for p in whole] == [p.read_bytes() for p in chunked]
+
+
 def _read_glb(path: Path) -> tuple[dict, bytes]:
     raw = path.read_bytes()
     magic, version, length = struct.unpack_from("<III", raw, 0)

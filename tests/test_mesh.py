@@ -95,6 +95,63 @@ def test_glb_and_ply_load_back_with_faces(tmp_path: Path) -> None:
     assert (loaded.face_normals[:, 2] > 0.99).all()
 
 
+def _cut_mesh() -> M.GridMesh:
+    """A mesh with a cut (a depth step), a hole, an isolated vertex and random colours."""
+    h, w = 20, 30
+    z = np.full((h, w), 2.0, np.float32)
+    z[:, 18:] = 2.6
+    mask = np.ones((h, w), bool)
+    mask[8:11, 5:9] = False
+    mask[0, 1] = False  # pixel (0, 0) keeps no face
+    mesh = M.grid_mesh(plane_pointmap(h, w, z), mask, colours(h, w), focal_px=F)
+    assert mesh.num_faces and 0 not in mesh.faces
+    return mesh
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 7])
+def test_glb_and_ply_hold_exactly_the_mesh_arrays(tmp_path: Path, monkeypatch, chunk_rows) -> None:
+    """Read back by trimesh: the same vertices (glTF frame in the GLB), faces and colours, bit
+    for bit, also when the writers pack the arrays in many small chunks."""
+    from sapiens2 import plyglb
+
+    if chunk_rows:
+        monkeypatch.setattr(plyglb, "CHUNK_ROWS", chunk_rows)
+    mesh = _cut_mesh()
+    glb = trimesh.load(M.write_mesh_glb(tmp_path / "m.glb", mesh), force="mesh", process=False)
+    assert np.array_equal(glb.vertices, mesh.vertices * M.OPENCV_TO_GLTF)
+    assert np.array_equal(glb.faces, mesh.faces)
+    assert (
+        np.array_equal(glb.visual.vertex_colors[:, :3], mesh.colors)
+        and (glb.visual.vertex_colors[:, 3] == 255).all()
+    )
+    ply = trimesh.load(M.write_mesh_ply(tmp_path / "m.ply", mesh), process=False)
+    assert np.array_equal(ply.vertices, mesh.vertices) and np.array_equal(ply.faces, mesh.faces)
+    assert np.array_equal(ply.visual.vertex_colors[:, :3], mesh.colors)
+
+
+def test_glb_layout_is_aligned_with_position_bounds(tmp_path: Path) -> None:
+    """What strict glTF readers check: 4-byte aligned views inside the BIN chunk, uint32 indices,
+    POSITION min/max of the written (glTF-frame) positions."""
+    import json
+    import struct
+
+    mesh = _cut_mesh()
+    raw = M.write_mesh_glb(tmp_path / "m.glb", mesh).read_bytes()
+    assert struct.unpack_from("<III", raw) == (0x46546C67, 2, len(raw))
+    jlen, _ = struct.unpack_from("<II", raw, 12)
+    gltf = json.loads(raw[20 : 20 + jlen])
+    blen, btype = struct.unpack_from("<II", raw, 20 + jlen)
+    assert (
+        btype == 0x004E4942 and 28 + jlen + blen == len(raw) == 28 + jlen + gltf["buffers"][0]["byteLength"]
+    )
+    assert all(v["byteOffset"] % 4 == 0 and v["byteLength"] % 4 == 0 for v in gltf["bufferViews"])
+    prim = gltf["meshes"][0]["primitives"][0]
+    assert prim["mode"] == 4 and gltf["accessors"][prim["indices"]]["componentType"] == 5125
+    pos = gltf["accessors"][prim["attributes"]["POSITION"]]
+    flipped = mesh.vertices * M.OPENCV_TO_GLTF
+    assert pos["min"] == flipped.min(0).tolist() and pos["max"] == flipped.max(0).tolist()
+
+
 def test_preview_stays_within_the_face_budget() -> None:
     h, w = 200, 150
     pm, img = plane_pointmap(h, w, 2.0), colours(h, w)
@@ -151,6 +208,29 @@ def test_pointmap_result_writes_the_mesh_files(tmp_path: Path) -> None:
     assert view.kind == "model3d" and view.value(res, list(files.values())) == str(
         files["p_mesh_preview.glb"]
     )
+
+
+def test_point_cloud_keeps_a_foreground_point_the_mesh_leaves_out(tmp_path: Path) -> None:
+    """The cloud is the foreground's finite points (``points()``); the mesh also drops z <= 0, so
+    when the mask holds such a point (a hand-made result: finish never keeps one) the saved cloud
+    is not simply the mesh's vertices."""
+    from sapiens2.tasks.base import RunInfo
+    from sapiens2.tasks.pointmap import PointmapResult
+
+    h, w = 12, 16
+    pm = plane_pointmap(h, w, 2.0)
+    pm[3, 4] = [0.1, 0.1, -1.0]  # finite, behind the camera, in the mask
+    res = PointmapResult(
+        image=colours(h, w), info=RunInfo("pointmap", "0.4b", "cpu", "float32"), name="p",
+        pointmap=pm, depth=pm[:, :, 2].copy(), mask=np.ones((h, w), bool), scale=1.0, focal_px=F,
+        focal_px_input=F,
+    )  # fmt: skip
+    files = {p.name: p for p in res.save(tmp_path)}
+    cloud = trimesh.load(files["p_pointcloud.ply"], process=False)
+    mesh = trimesh.load(files["p_mesh.ply"], process=False)
+    assert len(cloud.vertices) == h * w == len(mesh.vertices) + 1
+    assert np.array_equal(cloud.vertices, res.points()[0])
+    assert np.array_equal(cloud.colors[:, :3], res.points()[1])
 
 
 def test_cli_writes_the_mesh_by_default(tiny_checkpoints, tmp_path: Path) -> None:

@@ -1,0 +1,211 @@
+"""Binary PLY and GLB (glTF 2.0) writers for coloured point clouds and triangle meshes, in numpy.
+
+Both formats are a short header followed by the arrays as they lie in memory, so the arrays are
+written straight to the file in bounded chunks: no intermediate copy of the whole file, no
+hashing. A 12 MP photo's mesh (~9 M vertices, ~18 M faces, ~290 MB per file) is written about
+10x faster than through ``trimesh``, whose exporters hash every array for their caches and
+assemble the whole file in memory two or three times over (see ``sapiens2/mesh.py``).
+``trimesh`` stays the reader the tests check these files with.
+
+PLY: ``binary_little_endian 1.0``; per vertex ``float x, y, z`` (+ ``uchar red, green, blue,
+alpha``, alpha 255) and, for a mesh, ``list uchar int vertex_indices`` per face.
+GLB: one mesh with one primitive, TRIANGLES (``indices`` uint32) or POINTS; POSITION float32
+VEC3 with its min/max; COLOR_0 uint8 VEC4 normalised. Every bufferView starts and ends on a
+4-byte boundary, as glTF requires of vertex attributes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+#: rows packed per write: bounds the extra memory (16 MB for faces) whatever the array size
+CHUNK_ROWS = 1 << 20
+
+_GLB_MAGIC, _GLB_VERSION = 0x46546C67, 2  # b"glTF", glTF 2.0
+_JSON_CHUNK, _BIN_CHUNK = 0x4E4F534A, 0x004E4942  # b"JSON", b"BIN\0"
+_FLOAT, _UBYTE, _UINT = 5126, 5121, 5125  # glTF componentType
+_POINTS, _TRIANGLES = 0, 4  # glTF primitive mode
+_GENERATOR = "sapiens2"
+#: the material of a POINTS primitive, as the point-cloud GLB has always carried it (white, not
+#: metallic): viewers show the points in their vertex colours
+POINTS_MATERIAL = {
+    "pbrMetallicRoughness": {"baseColorFactor": [1, 1, 1, 1], "metallicFactor": 0, "roughnessFactor": 0}
+}
+
+_VERTEX = np.dtype([("xyz", "<f4", (3,))])
+_VERTEX_RGBA = np.dtype([("xyz", "<f4", (3,)), ("rgba", "u1", (4,))])
+_FACE = np.dtype([("n", "u1"), ("v", "<i4", (3,))])  # packed: 13 bytes, as PLY lists are
+
+
+def _checked(
+    vertices: np.ndarray, colors: np.ndarray | None, faces: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    v = np.ascontiguousarray(vertices, dtype="<f4").reshape(-1, 3)
+    c = None if colors is None else np.ascontiguousarray(colors, dtype=np.uint8).reshape(-1, 3)
+    if c is not None and len(c) != len(v):
+        raise ValueError(f"{len(v)} vertices but {len(c)} colours.")
+    f = None if faces is None else np.ascontiguousarray(faces, dtype="<i4").reshape(-1, 3)
+    if f is not None and len(f) and (int(f.min()) < 0 or int(f.max()) >= len(v)):
+        raise ValueError(f"Face indices must lie in [0, {len(v)}).")
+    return v, c, f
+
+
+def _write_rows(out: IO[bytes], n: int, dtype: np.dtype, fill: Callable[[np.ndarray, slice], None]) -> None:
+    """Writes ``n`` records of ``dtype``, packed ``CHUNK_ROWS`` at a time into one reused buffer
+    by ``fill(buffer_rows, source_rows)``."""
+    buf = np.empty(min(n, CHUNK_ROWS), dtype)
+    for a in range(0, n, CHUNK_ROWS):
+        rows = buf[: min(CHUNK_ROWS, n - a)]
+        fill(rows, slice(a, a + len(rows)))
+        out.write(memoryview(rows).cast("B"))
+
+
+def write_ply(path: str | Path, vertices: Any, colors: Any = None, faces: Any = None) -> Path:
+    """Binary little-endian PLY of ``vertices`` (N, 3) float32, optional ``colors`` (N, 3) uint8
+    (written RGBA, alpha 255) and optional ``faces`` (F, 3) vertex indices (a face element, even
+    when F is 0; none when ``faces`` is None)."""
+    v, c, f = _checked(vertices, colors, faces)
+    lines = ["ply", "format binary_little_endian 1.0", f"element vertex {len(v)}"]
+    lines += [f"property float {axis}" for axis in "xyz"]
+    if c is not None:
+        lines += [f"property uchar {name}" for name in ("red", "green", "blue", "alpha")]
+    if f is not None:
+        lines += [f"element face {len(f)}", "property list uchar int vertex_indices"]
+    lines.append("end_header\n")
+
+    def vertex(rows: np.ndarray, src: slice) -> None:
+        rows["xyz"] = v[src]
+        if c is not None:
+            rows["rgba"][:, :3] = c[src]
+            rows["rgba"][:, 3] = 255
+
+    def face(rows: np.ndarray, src: slice) -> None:
+        rows["n"] = 3
+        rows["v"] = f[src]
+
+    p = Path(path)
+    with open(p, "wb") as out:
+        out.write("\n".join(lines).encode("ascii"))
+        _write_rows(out, len(v), _VERTEX if c is None else _VERTEX_RGBA, vertex)
+        if f is not None:
+            _write_rows(out, len(f), _FACE, face)
+    return p
+
+
+def _pad4(n: int) -> int:
+    return -n % 4
+
+
+def write_glb(
+    path: str | Path,
+    vertices: Any,
+    colors: Any = None,
+    faces: Any = None,
+    *,
+    flip: Any = None,
+) -> Path:
+    """GLB of one primitive: TRIANGLES when ``faces`` (F, 3) has a face, else POINTS.
+
+    ``flip``: per-axis factors (3,) applied to the positions as they are written (e.g.
+    ``(1, -1, -1)``: camera frame -> glTF frame); faces are written as they are, so the caller
+    keeps the winding right. A POINTS primitive gets :data:`POINTS_MATERIAL`, a TRIANGLES one
+    glTF's default material. No vertex: a valid file whose one node has no mesh."""
+    v, c, f = _checked(vertices, colors, faces)
+    f = f if f is not None and len(f) else None
+    scale = np.ones(3, np.float32) if flip is None else np.asarray(flip, np.float32).reshape(3)
+    gltf: dict[str, Any] = {
+        "asset": {"version": "2.0", "generator": _GENERATOR},
+        "scene": 0,
+        "scenes": [{"nodes": [0]}],
+        "nodes": [{"name": "geometry_0"}],
+    }
+    # (byte length, writer) of each bufferView, in file order
+    blocks: list[tuple[int, Callable[[IO[bytes]], None]]] = []
+    if len(v):
+        accessors: list[dict[str, Any]] = []
+        attributes: dict[str, int] = {}
+        primitive: dict[str, Any] = {"attributes": attributes, "mode": _POINTS if f is None else _TRIANGLES}
+        if f is not None:
+            primitive["indices"] = len(accessors)
+            accessors.append(
+                {"bufferView": len(blocks), "componentType": _UINT, "type": "SCALAR", "count": f.size}
+            )
+            blocks.append((f.nbytes, lambda out: out.write(memoryview(f).cast("B"))))  # int32 >= 0 == uint32
+        # per column: a min over axis 0 of an (N, 3) array runs ~20x slower than over one column
+        lo = np.array([v[:, k].min() for k in range(3)]) * scale
+        hi = np.array([v[:, k].max() for k in range(3)]) * scale  # a negated axis swaps its bounds
+        attributes["POSITION"] = len(accessors)
+        accessors.append(
+            {
+                "bufferView": len(blocks),
+                "componentType": _FLOAT,
+                "type": "VEC3",
+                "count": len(v),
+                "min": np.minimum(lo, hi).tolist(),
+                "max": np.maximum(lo, hi).tolist(),
+            }
+        )
+
+        def positions(out: IO[bytes]) -> None:
+            def fill(rows: np.ndarray, src: slice) -> None:
+                np.multiply(v[src], scale, out=rows["xyz"])
+
+            _write_rows(out, len(v), _VERTEX, fill)
+
+        blocks.append((v.nbytes, positions))
+        if c is not None:
+            attributes["COLOR_0"] = len(accessors)
+            accessors.append(
+                {
+                    "bufferView": len(blocks),
+                    "componentType": _UBYTE,
+                    "normalized": True,
+                    "type": "VEC4",
+                    "count": len(c),
+                }
+            )
+
+            def rgba(out: IO[bytes]) -> None:
+                def fill(rows: np.ndarray, src: slice) -> None:
+                    rows["rgba"][:, :3] = c[src]
+                    rows["rgba"][:, 3] = 255
+
+                _write_rows(out, len(c), np.dtype([("rgba", "u1", (4,))]), fill)
+
+            blocks.append((4 * len(c), rgba))
+        if f is None:
+            primitive["material"] = 0
+            gltf["materials"] = [POINTS_MATERIAL]
+        views, offset = [], 0
+        for size, _ in blocks:  # every size is a multiple of 4: offsets stay aligned
+            views.append({"buffer": 0, "byteOffset": offset, "byteLength": size})
+            offset += size
+        gltf.update(
+            meshes=[{"name": "geometry_0", "primitives": [primitive]}],
+            accessors=accessors,
+            bufferViews=views,
+            buffers=[{"byteLength": offset}],
+        )
+        gltf["nodes"][0]["mesh"] = 0
+    text = json.dumps(gltf, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    text += b" " * _pad4(len(text))  # the JSON chunk is padded with spaces
+    bin_len = sum(size for size, _ in blocks)
+    total = 12 + 8 + len(text) + (8 + bin_len if blocks else 0)
+    p = Path(path)
+    with open(p, "wb") as out:
+        out.write(struct.pack("<III", _GLB_MAGIC, _GLB_VERSION, total))
+        out.write(struct.pack("<II", len(text), _JSON_CHUNK) + text)
+        if blocks:
+            out.write(struct.pack("<II", bin_len, _BIN_CHUNK))
+            for _, write in blocks:
+                write(out)
+    return p
+
+
+__all__ = ["CHUNK_ROWS", "POINTS_MATERIAL", "write_glb", "write_ply"]
