@@ -2,10 +2,10 @@
 
 Both formats are a short header followed by the arrays as they lie in memory, so the arrays are
 written straight to the file in bounded chunks: no intermediate copy of the whole file, no
-hashing. A 12 MP photo's mesh (~9 M vertices, ~18 M faces, ~290 MB per file) is written about
-10x faster than through ``trimesh``, whose exporters hash every array for their caches and
-assemble the whole file in memory two or three times over (see ``sapiens2/mesh.py``).
-``trimesh`` stays the reader the tests check these files with.
+hashing. A 12 MP photo's mesh (up to 12 M vertices and 24 M faces, ~0.5 GB per file) is written
+10 to 17x faster than through ``trimesh`` (docs/PERFORMANCE.md), whose exporters hash every array
+for their caches and assemble the whole file in memory two or three times over. ``trimesh``
+stays the reader the tests check these files with.
 
 PLY: ``binary_little_endian 1.0``; per vertex ``float x, y, z`` (+ ``uchar red, green, blue,
 alpha``, alpha 255) and, for a mesh, ``list uchar int vertex_indices`` per face.
