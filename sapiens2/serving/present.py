@@ -21,8 +21,9 @@ from ..tasks import registry
 #: Long side of the pictures a page shows: a screen needs no more; downloads keep full size.
 PREVIEW_SIDE = 2048
 PREVIEW_JPEG_QUALITY = 90
-#: Threads writing one result's files (PNG/JPEG encoding, zlib and np.save release the GIL): more
-#: than 2 lets a short file finish beside a long one on this 2-core machine; 4 is plenty anywhere.
+#: Threads writing one result's files (PNG/JPEG encoding and np.save release the GIL): enough for
+#: matting's three PNGs at once. They gain where cores are free; on a CPU already kept busy by
+#: other work they cost a few per cent (cache, page faults) against writing one after another.
 WRITE_WORKERS = 3
 
 
@@ -127,26 +128,29 @@ def present(
     (into ``out_dir/preview``, apart from the downloads).
 
     The files are written side by side on ``WRITE_WORKERS`` threads (:func:`export.deferred_writes`):
-    the photo's preview while the picture renders, the downloads and the rendering's preview
-    together. Each stage is the wall time until its own files are all written, so the stages still
-    add up to the request's time; errors are those of writing one file after another."""
+    the downloads, then the two previews. Each stage is the wall time until its own files are all
+    written, so the stages still add up to the request's time; the files, their order and the
+    errors are those of writing one file after another."""
     stages = stages or Stages()
     task = registry.get(result.info.task)
     args = task.render_args(render_opts)
+    # The render runs alone: its cv2 calls use cv2's own threads, which a concurrent cv2 call
+    # from another thread would take (cv2 then runs one of them single-threaded).
+    with stages.timed("render"):
+        after = result.render(**accepted(result.render, args))
     shown: list[Future[Path]] = []  # the previews' jobs: the photo's, then the rendering's
     with ThreadPoolExecutor(WRITE_WORKERS, thread_name_prefix="sapiens2-write") as pool:
-        if preview_side is not None:
-            folder = Path(out_dir) / "preview"
-            folder.mkdir(parents=True, exist_ok=True)
-            shown.append(pool.submit(write_preview, folder / "before.jpg", result.image, preview_side))
-        with stages.timed("render"):  # the photo's preview is written meanwhile
-            after = result.render(**accepted(result.render, args))
         with stages.timed("downloads"), deferred_writes(pool):  # leaving waits for every file
             files = [
                 Path(p) for p in result.save(Path(out_dir), rendered=after, **accepted(result.save, args))
             ]
             if preview_side is not None:  # after the downloads' jobs: they are waited for first
-                shown.append(pool.submit(write_preview, folder / "after.jpg", after, preview_side))
+                folder = Path(out_dir) / "preview"
+                folder.mkdir(parents=True, exist_ok=True)
+                shown += [
+                    pool.submit(write_preview, folder / "before.jpg", result.image, preview_side),
+                    pool.submit(write_preview, folder / "after.jpg", after, preview_side),
+                ]
         previews = None
         if preview_side is not None:
             with stages.timed("previews"):  # what is left of them once the downloads are written
