@@ -228,6 +228,12 @@ def _clean_labels(labels: Any) -> np.ndarray:
     return lab  # uint8 maps stay uint8: no 8-byte copy of a large image
 
 
+def label_ids(labels: Any) -> np.ndarray:
+    """(H, W) uint8 class ids as :func:`colorize_labels` reads them (unknown ids -> background),
+    so ``SEG_PALETTE[label_ids(x)]`` is ``colorize_labels(x)``."""
+    return _clean_labels(labels).astype(np.uint8, copy=False)
+
+
 def colorize_labels(labels: Any) -> np.ndarray:
     """(H, W) class ids -> (H, W, 3) uint8 palette colours (out-of-range ids -> background)."""
     return SEG_PALETTE[_clean_labels(labels)]
