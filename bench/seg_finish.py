@@ -54,13 +54,13 @@ CLASSES = 29
 
 
 def load_baseline(rev: str) -> ModuleType:
-    """sapiens2/tasks/seg.py as of git ``rev``, imported as a sibling module of the package's."""
-    text = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:sapiens2/tasks/seg.py"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    """sapiens2/tasks/seg.py as of git ``rev`` (or the .py file ``rev``, for a copy without git),
+    imported as a sibling module of the package's."""
+    if rev.endswith(".py") and Path(rev).is_file():
+        text = Path(rev).read_text()
+    else:
+        git = ["git", "-C", str(ROOT), "show", f"{rev}:sapiens2/tasks/seg.py"]
+        text = subprocess.run(git, capture_output=True, text=True, check=True).stdout
     name = "sapiens2.tasks._seg_baseline"
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
@@ -166,7 +166,9 @@ def main() -> None:
     ap.add_argument(
         "--device", default="cpu", help="where from_logits runs (cuda: as served); labels run on the CPU"
     )
-    ap.add_argument("--baseline", default="5396e9b", help="git revision of the old seg.py")
+    ap.add_argument(
+        "--baseline", default="5396e9b", help="git revision of the old seg.py, or a copy of it (.py)"
+    )
     ap.add_argument(
         "--crossover", default="", help="comma list of random-row fractions: dense vs sparse sweep"
     )

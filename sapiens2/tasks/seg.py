@@ -132,14 +132,16 @@ class SegLogits:
         """(C, h, w) float logits (on any device) -> the compact form on the same device."""
         c, h, w = logits.shape
         flat = logits.float().reshape(c, h * w)
-        step = max(1, _STEP.get(flat.device.type, _STEP["cuda"]) // c)
-        work = _buffer(c * min(step, h * w), flat)
-        low = torch.cat(
-            [
+        if flat.device.type == "cpu":  # torch's argmax over classes is scalar code on the CPU
+            step = max(1, _STEP["cpu"] // c)
+            work = _buffer(c * min(step, h * w), flat)
+            parts = [
                 _argmax(flat[:, a : a + step], 0, work[: c * min(step, h * w - a)].view(c, -1))
                 for a in range(0, h * w, step)
             ]
-        ).view(h, w)
+            low = torch.cat(parts).view(h, w)
+        else:  # and fast on a GPU, where _argmax's checks would only add syncs
+            low = flat.argmax(0).to(torch.uint8).view(h, w)
         mixed = _mixed_cells(low)
         need = mixed.clone()  # a pixel is needed when it is a corner of a mixed cell
         need[:, 1:] |= mixed[:, :-1]
