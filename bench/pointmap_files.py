@@ -55,6 +55,17 @@ def synthetic(w: int, h: int) -> PointmapResult:
     )
 
 
+def pooled_save(res: Any, folder: Path, picture: Any) -> list[Path]:
+    """``res.save`` as the app and the CLI run it (``serving.present``): its writes on a pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sapiens2.file_writes import deferred_writes
+    from sapiens2.serving.present import WRITE_WORKERS
+
+    with ThreadPoolExecutor(WRITE_WORKERS) as pool, deferred_writes(pool):
+        return res.save(folder, rendered=picture)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--photo", default="4000x3000", help="WxH")
@@ -77,8 +88,10 @@ def main() -> None:
 
         for _ in range(args.runs):
             picture = timed("render", res.render)
-            files = timed("save (all files)", res.save, out / "save", rendered=picture)
+            files = timed("save, one by one", res.save, out / "save", rendered=picture)
             sizes = {p.name: p.stat().st_size for p in files}
+            shutil.rmtree(out / "save")
+            timed("save, app's pool", pooled_save, res, out / "save", picture)
             shutil.rmtree(out / "save")
             pts, cols = timed("points", res.points)
             full = timed("mesh (full)", res.mesh)

@@ -6,9 +6,9 @@ and the ControlNet picture live in :mod:`sapiens2.openpose`.
 Every writer takes a path and returns the Path it wrote. File names come from ``safe_path``:
 a caller's name is reduced to [A-Za-z0-9_-] so it can never leave the output folder.
 
-Inside :func:`deferred_writes` the big writers (``write_png``, ``write_npy``) check their input
-and return at once, and encode and write on a thread pool (cv2, zlib and numpy release the GIL):
-a result's files are written side by side instead of one after another.
+Inside :func:`sapiens2.file_writes.deferred_writes` (re-exported here) every writer checks its
+input and returns at once, and encodes and writes on a thread pool (cv2, zlib and numpy release
+the GIL): a result's files are written side by side instead of one after another.
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,11 @@ from PIL import Image
 
 from . import plyglb
 from .errors import InputImageError, OptionError
+from .file_writes import (
+    deferred_writes,  # noqa: F401  (re-exported: export.deferred_writes)
+    write_or_defer,
+)
+from .file_writes import prepare as _prepare
 from .mesh import OPENCV_TO_GLTF
 from .metadata import BODY25_PAIRS, COCO17_INDEX, COCO17_NAMES, KEYPOINT_NAMES, NUM_KEYPOINTS
 from .render import matte_arrays, to_uint8
@@ -75,66 +77,6 @@ def safe_path(out_dir: str | Path, name: Any, suffix: str) -> Path:
     return path
 
 
-def _prepare(path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    return p
-
-
-# ---------------------------------------------------------------- writes on a thread pool
-
-#: The pool and the jobs of the innermost ``deferred_writes`` of this thread (a ContextVar, so
-#: concurrent requests, each in its own thread or context, never share one).
-_DEFERRED: ContextVar[tuple[Executor, list[Future[Path]]] | None] = ContextVar(
-    "sapiens2_deferred_writes", default=None
-)
-
-
-@contextmanager
-def deferred_writes(pool: Executor) -> Iterator[list[Future[Path]]]:
-    """Within the block, ``write_png`` and ``write_npy`` called in this thread check their input
-    (raising at once, as always), return the path, and leave the encoding and the writing to
-    ``pool``; the block yields those jobs in call order. Leaving the block waits for every job.
-
-    Errors are those of a sequential run: the first write that failed, in call order, is
-    raised (the same exception object); an exception of the block itself is raised when no
-    write started before it failed."""
-    jobs: list[Future[Path]] = []
-    token = _DEFERRED.set((pool, jobs))
-    try:
-        yield jobs
-    except BaseException:
-        if (failed := _first_error(jobs)) is not None:
-            raise failed from None  # it came first: a sequential run stopped there, never saw this
-        raise
-    finally:
-        _DEFERRED.reset(token)
-    if (failed := _first_error(jobs)) is not None:
-        raise failed
-
-
-def _first_error(jobs: list[Future[Path]]) -> BaseException | None:
-    """Waits for every job (none keeps writing after the caller moves on); the first error."""
-    errors = [job.exception() for job in jobs]
-    return next((e for e in errors if e is not None), None)
-
-
-def _write(path: Path, write: Callable[[Path], None]) -> Path:
-    """``write(path)`` now, or on the pool of the active ``deferred_writes``; returns ``path``."""
-    deferred = _DEFERRED.get()
-    if deferred is None:
-        write(path)
-    else:
-        pool, jobs = deferred
-        jobs.append(pool.submit(_written, write, path))
-    return path
-
-
-def _written(write: Callable[[Path], None], path: Path) -> Path:
-    write(path)
-    return path
-
-
 # ---------------------------------------------------------------- images and arrays
 
 
@@ -164,7 +106,7 @@ def write_png(path: str | Path, image: Any) -> Path:
             raise InputImageError(f"Could not encode a PNG of shape {arr.shape}.")
         p.write_bytes(buf)  # not cv2.imwrite: it mishandles non-ASCII paths on some systems
 
-    return _write(_prepare(path), encode)
+    return write_or_defer(_prepare(path), encode)
 
 
 def write_png_palette(path: str | Path, ids: Any, palette: Any) -> Path:
@@ -184,13 +126,15 @@ def write_png_palette(path: str | Path, ids: Any, palette: Any) -> Path:
         )
     if int(arr.max()) >= len(pal):
         raise InputImageError(f"Id {int(arr.max())} is outside the {len(pal)}-colour palette.")
-    picture = Image.fromarray(np.ascontiguousarray(arr))  # mode L; a palette makes it P
-    picture.putpalette(pal.tobytes())
-    buf = io.BytesIO()
-    picture.save(buf, format="PNG", compress_level=1)
-    p = _prepare(path)
-    p.write_bytes(buf.getvalue())
-    return p
+
+    def encode(p: Path) -> None:
+        picture = Image.fromarray(np.ascontiguousarray(arr))  # mode L; a palette makes it P
+        picture.putpalette(pal.tobytes())
+        buf = io.BytesIO()
+        picture.save(buf, format="PNG", compress_level=1)
+        p.write_bytes(buf.getvalue())
+
+    return write_or_defer(_prepare(path), encode)
 
 
 def write_npy(path: str | Path, array: Any, dtype: Any = None) -> Path:
@@ -210,7 +154,7 @@ def write_npy(path: str | Path, array: Any, dtype: Any = None) -> Path:
         with open(p, "wb") as f:
             np.save(f, out, allow_pickle=False)
 
-    return _write(_prepare(path), save)
+    return write_or_defer(_prepare(path), save)
 
 
 def jsonable(obj: Any) -> Any:
@@ -416,7 +360,7 @@ def write_ply(path: str | Path, points: Any, colors: Any = None) -> Path:
     """Binary little-endian PLY: float x, y, z (+ uchar red, green, blue, alpha = 255);
     non-finite points dropped."""
     pts, cols = _cloud(points, colors)
-    return plyglb.write_ply(_prepare(path), pts, cols)
+    return write_or_defer(_prepare(path), lambda p: plyglb.write_ply(p, pts, cols))
 
 
 def subsample(n: int, max_points: int) -> np.ndarray:
@@ -448,4 +392,5 @@ def write_glb(
     idx = subsample(len(pts), max_points)
     if len(idx) < len(pts):
         pts, cols = pts[idx], None if cols is None else cols[idx]
-    return plyglb.write_glb(_prepare(path), pts, cols, flip=OPENCV_TO_GLTF if opencv_to_gltf else None)
+    flip = OPENCV_TO_GLTF if opencv_to_gltf else None
+    return write_or_defer(_prepare(path), lambda p: plyglb.write_glb(p, pts, cols, flip=flip))

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import plyglb
 from .errors import InputImageError, OptionError
+from .file_writes import prepare, write_or_defer
 
 MAX_EDGE_FOOTPRINTS = 10.0
 #: faces of the browser preview: ~100k vertices, a ~4 MB GLB, small enough for the page's WebGL
@@ -200,12 +201,6 @@ def preview_mesh(
 # ---------------------------------------------------------------- files
 
 
-def _prepare(path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    return p
-
-
 def write_mesh_glb(path: str | Path, mesh: GridMesh, *, opencv_to_gltf: bool = True) -> Path:
     """glTF 2.0 binary: one TRIANGLES primitive, POSITION float32, COLOR_0 RGBA uint8 normalised,
     uint32 indices. ``opencv_to_gltf``: camera frame -> glTF frame (see :data:`OPENCV_TO_GLTF`).
@@ -213,13 +208,17 @@ def write_mesh_glb(path: str | Path, mesh: GridMesh, *, opencv_to_gltf: bool = T
     A mesh with vertices but no face (every triangle cut) is written as a POINTS primitive, since
     a triangle primitive without indices would draw its vertices as triangles."""
     flip = OPENCV_TO_GLTF if opencv_to_gltf else None
-    return plyglb.write_glb(_prepare(path), mesh.vertices, mesh.colors, mesh.faces, flip=flip)
+    return write_or_defer(
+        prepare(path), lambda p: plyglb.write_glb(p, mesh.vertices, mesh.colors, mesh.faces, flip=flip)
+    )
 
 
 def write_mesh_ply(path: str | Path, mesh: GridMesh) -> Path:
     """Binary little-endian PLY in the camera frame (as the point-cloud PLY): float x, y, z,
     uchar red, green, blue, alpha per vertex; a face list of vertex indices."""
-    return plyglb.write_ply(_prepare(path), mesh.vertices, mesh.colors, mesh.faces)
+    return write_or_defer(
+        prepare(path), lambda p: plyglb.write_ply(p, mesh.vertices, mesh.colors, mesh.faces)
+    )
 
 
 __all__ = [

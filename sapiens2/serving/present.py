@@ -15,7 +15,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..export import deferred_writes
+from ..file_writes import deferred_writes
 from ..tasks import registry
 
 #: Long side of the pictures a page shows: a screen needs no more; downloads keep full size.
@@ -127,7 +127,7 @@ def present(
     ``preview_side``: also write JPEG previews of the photo and the rendering, that long at most
     (into ``out_dir/preview``, apart from the downloads).
 
-    The files are written side by side on ``WRITE_WORKERS`` threads (:func:`export.deferred_writes`):
+    The files are written side by side on ``WRITE_WORKERS`` threads (:func:`file_writes.deferred_writes`):
     the downloads, then the two previews. Each stage is the wall time until its own files are all
     written, so the stages still add up to the request's time; the files, their order and the
     errors are those of writing one file after another."""

@@ -10,7 +10,6 @@ segmentation. The device returns the network-resolution float32 pointmap; the re
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,6 @@ from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .registry import Task, Video, View
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline, seg_borrowing
-
-#: threads writing a result's files (see PointmapResult.save): 2 keeps both cores of a small
-#: CPU busy; more only queue behind them
-SAVE_THREADS = 2
 
 
 @dataclass(kw_only=True)
@@ -88,29 +83,21 @@ class PointmapResult(TaskResult):
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
 
-        def png() -> Path:
-            return write_png(path("_depth.png"), self.render() if rendered is None else rendered)
-
-        # Independent files, written concurrently: numpy's copies, file writes and PNG encoding
-        # release the GIL, so the big ones overlap (the mesh files alone are ~300 MB each at 12 MP)
-        # and the point cloud is written while the mesh's faces are being built.
-        with ThreadPoolExecutor(SAVE_THREADS, thread_name_prefix="pointmap-save") as pool:
-            pts, cols = self.points()
-            jobs = {
-                "cloud_ply": pool.submit(write_ply, path("_pointcloud.ply"), pts, cols),
-                "pointmap": pool.submit(write_npy, path("_pointmap.npy"), self.pointmap),
-                "png": pool.submit(png),
-                "cloud_glb": pool.submit(write_glb, path("_pointcloud.glb"), pts, cols),  # subsampled
-                "depth": pool.submit(write_npy, path("_depth.npy"), self.depth),
-                "preview": pool.submit(
-                    lambda: write_mesh_glb(path("_mesh_preview.glb"), self.mesh(preview=True))
-                ),
-            }
-            full = self.mesh()
-            jobs["mesh_glb"] = pool.submit(write_mesh_glb, path("_mesh.glb"), full)
-            jobs["mesh_ply"] = pool.submit(write_mesh_ply, path("_mesh.ply"), full)
-            order = ("depth", "pointmap", "png", "cloud_ply", "cloud_glb", "mesh_glb", "mesh_ply", "preview")
-            return [Path(jobs[k].result()) for k in order]
+        # In order; inside file_writes.deferred_writes (as `present` runs it) each call only checks
+        # its input and hands the writing to a pool, so the point cloud is written while the
+        # mesh's faces are built here, and the big files (~300 MB a mesh file at 12 MP) overlap.
+        pts, cols = self.points()
+        files = [
+            write_npy(path("_depth.npy"), self.depth),
+            write_npy(path("_pointmap.npy"), self.pointmap),
+            write_png(path("_depth.png"), self.render() if rendered is None else rendered),
+            write_ply(path("_pointcloud.ply"), pts, cols),
+            write_glb(path("_pointcloud.glb"), pts, cols),  # a subset: the viewer's cloud
+        ]
+        full = self.mesh()  # built while the files above are written
+        files += [write_mesh_glb(path("_mesh.glb"), full), write_mesh_ply(path("_mesh.ply"), full)]
+        files.append(write_mesh_glb(path("_mesh_preview.glb"), self.mesh(preview=True)))
+        return [Path(p) for p in files]
 
     def mesh(self, *, preview: bool = False) -> GridMesh:
         """The foreground as a triangle mesh (:func:`sapiens2.mesh.grid_mesh`; vertices = the
