@@ -23,7 +23,7 @@ from typing import Any
 
 import gradio as gr
 
-from sapiens2 import hub_cache, serving, zerogpu
+from sapiens2 import heap, hub_cache, serving, zerogpu
 from sapiens2.errors import OptionError
 from sapiens2.limits import MAX_FILE_BYTES
 from sapiens2.tasks import registry
@@ -52,6 +52,7 @@ def build_demo(
     folders: serving.RequestFolders | None = None,
 ) -> gr.Blocks:
     """The whole app as a ``gr.Blocks`` (tests drive exactly this object and its endpoints)."""
+    heap.configure()  # before request threads allocate: they then share one heap (sapiens2/heap.py)
     manager = manager or serving.ModelManager(
         checkpoints=serving.checkpoints_from_env(), on_change=zerogpu.resident_changed
     )
@@ -176,6 +177,7 @@ def launch(
     demo: gr.Blocks, *, host: str | None = None, port: int | None = None, share: bool = False, **extra: Any
 ):
     """Start the server the way the Space does (tests call this too, with ``prevent_thread_lock``)."""
+    serving.release_cpu_threads()  # start-up's torch work (model loads) ran on this thread
     return demo.launch(
         server_name=host or os.environ.get("GRADIO_SERVER_NAME"),
         server_port=port,

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import heap
 from .errors import Sapiens2Error
 from .options import Option
 from .tasks import registry
@@ -344,6 +345,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    heap.configure()  # a photo's temporaries reuse pages already touched (sapiens2/heap.py)
     # Say on stderr when weights are being downloaded (a first use can take minutes); warnings too.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("sapiens2.weights").setLevel(logging.INFO)

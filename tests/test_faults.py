@@ -407,7 +407,9 @@ def test_every_app_request_releases_memory_even_when_it_fails(
     tiny_checkpoints, app_module, tmp_path, monkeypatch
 ):
     calls: list[int] = []
+    teams: list[int] = []
     monkeypatch.setattr(serving, "release_memory", lambda: calls.append(1))
+    monkeypatch.setattr(serving, "release_cpu_threads", lambda: teams.append(1))
     manager = serving.ModelManager(
         device="cpu", checkpoints={"seg": tiny_checkpoints["seg"]}, factory=quick_factory
     )
@@ -416,3 +418,4 @@ def test_every_app_request_releases_memory_even_when_it_fails(
     with pytest.raises(app_module.gr.Error, match="No photo given"):
         run("seg", None, None)
     assert len(calls) == 2
+    assert len(teams) == 2  # the OpenMP workers of the request's thread are let go either way

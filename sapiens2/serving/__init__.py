@@ -20,7 +20,7 @@ from ..render import parse_color
 from .cache import CUSTOM, DEFAULT_MAX_MODELS, ModelManager, default_device, pipeline_bytes
 from .checkpoints import CHECKPOINTS_ENV, checkpoints_from_env, parse_checkpoint_specs, task_name
 from .folders import RequestFolders
-from .memory import free_accelerator_memory, is_out_of_memory, release_memory
+from .memory import free_accelerator_memory, is_out_of_memory, release_cpu_threads, release_memory
 from .present import Presented, present
 from .runner import DeviceCall, Job, RequestRunner, read_photo, run_on_device
 
@@ -44,6 +44,7 @@ __all__ = [
     "parse_color",
     "present",
     "read_photo",
+    "release_cpu_threads",
     "release_memory",
     "run_on_device",
     "task_name",

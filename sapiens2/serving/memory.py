@@ -1,4 +1,5 @@
-"""Memory after a request: heap pages back to the OS, accelerator caches, out-of-memory errors."""
+"""After a request: heap pages back to the OS, idle CPU threads let go, accelerator caches,
+out-of-memory errors."""
 
 from __future__ import annotations
 
@@ -31,6 +32,32 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
     try:
         return ctypes.CDLL(None).malloc_trim  # glibc; musl and others have no such function
+    except (OSError, AttributeError):
+        return None
+
+
+def release_cpu_threads() -> None:
+    """Let the calling thread's OpenMP worker threads go (torch's CPU ops start them on first use).
+
+    Every thread that runs torch ops keeps its own team of OpenMP workers, and a server runs
+    requests on many threads. Once the workers alive outnumber the CPUs, GNU OpenMP stops letting
+    idle workers spin and puts them to sleep after each op, so every op pays a wake-up: on 2 CPUs,
+    seg's finish at 12 MP took 1.0 s on a second thread against 0.4 s on the first
+    (docs/PERFORMANCE.md, "OpenMP teams"). Freeing the team when a thread's work ends keeps one
+    team alive; the next op builds a new one in microseconds. Where no OpenMP runtime offers
+    ``omp_pause_resource_all`` this does nothing.
+    """
+    pause = _omp_pause()
+    if pause is not None:
+        pause(1)  # omp_pause_soft: the calling thread's thread pool only (none in a parallel region)
+
+
+@functools.cache
+def _omp_pause() -> Callable[[int], int] | None:
+    import torch  # noqa: F401  (loads the OpenMP runtime torch was built with into the process)
+
+    try:
+        return ctypes.CDLL(None).omp_pause_resource_all
     except (OSError, AttributeError):
         return None
 

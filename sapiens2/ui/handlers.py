@@ -65,7 +65,8 @@ def user_error(err: BaseException) -> gr.Error:
 @contextmanager
 def reported(manager: ModelManager) -> Iterator[None]:
     """Package errors -> gr.Error with their message; anything else -> a short gr.Error (logged).
-    Every request ends here, so this is also where its freed memory goes back to the system."""
+    Every request ends here, so this is also where its freed memory goes back to the system and
+    its thread's idle OpenMP workers are let go (the next request may run on another thread)."""
     try:
         yield
     except gr.Error:
@@ -85,6 +86,7 @@ def reported(manager: ModelManager) -> Iterator[None]:
         ) from None
     finally:
         serving.release_memory()  # looked up at call time (tests count the calls)
+        serving.release_cpu_threads()
 
 
 _TOLD: set[str] = set()  # notices already shown as a pop-up by this server
