@@ -5,7 +5,7 @@ worker thread's arena cannot hold a block over 64 MB at all. A 12 MP photo's arr
 so every temporary of a request (a resize, a mask, an edge test of the mesh) starts on fresh pages
 that the kernel must fault in and zero -- or, where numpy asks for huge pages, compact memory for.
 On the 2-CPU test machine that was 1.5 s of a 4 s pointmap request spent in the kernel
-(docs/PERFORMANCE.md, "Page faults").
+(docs/PERFORMANCE.md, "Threads and pages").
 
 :func:`configure` makes the process keep one heap that all threads share and that is never
 unmapped block by block, so a request's temporaries reuse pages it has already touched. The

@@ -42,8 +42,8 @@ def release_cpu_threads() -> None:
     Every thread that runs torch ops keeps its own team of OpenMP workers, and a server runs
     requests on many threads. Once the workers alive outnumber the CPUs, GNU OpenMP stops letting
     idle workers spin and puts them to sleep after each op, so every op pays a wake-up: on 2 CPUs,
-    seg's finish at 12 MP took 1.0 s on a second thread against 0.4 s on the first
-    (docs/PERFORMANCE.md, "OpenMP teams"). Freeing the team when a thread's work ends keeps one
+    seg's labels at 12 MP took 1.0 s on a second thread against 0.4 s on the first
+    (docs/PERFORMANCE.md, "Threads and pages"). Freeing the team when a thread's work ends keeps one
     team alive; the next op builds a new one in microseconds. Where no OpenMP runtime offers
     ``omp_pause_resource_all`` this does nothing.
     """
