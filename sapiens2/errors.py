@@ -25,6 +25,11 @@ class OptionError(Sapiens2Error, ValueError):
     """An option has a value that is not allowed; the message lists the allowed values."""
 
 
+class ResultNotFoundError(Sapiens2Error, ValueError):
+    """A request names an earlier result (e.g. to make its full-resolution mesh) that this server
+    does not hold: a malformed id, one it never made, or one already deleted as too old."""
+
+
 class OutOfMemoryError(Sapiens2Error, MemoryError):
     """The accelerator ran out of memory; the message suggests a smaller size."""
 

@@ -287,6 +287,34 @@ def test_uploads_and_data_urls_work_and_outputs_stay_in_their_folder(server: Ser
     assert all(re.fullmatch(r"[A-Za-z0-9_-]+\.(png|npy)", p.name) for p in written), written
 
 
+def test_the_mesh_endpoint_takes_only_a_result_of_this_server(server: Server, uploaded: str) -> None:
+    """/pointmap_mesh names an earlier result by a string: only a ``req-<hex>`` folder of this
+    server's root can come of it, whatever else the caller puts around it or instead of it."""
+    event, data, text = server.call("pointmap", [{"path": uploaded, "meta": META}, "0.4b", False])
+    assert event == "complete", text[:300]
+    url = data[2][0]["url"]
+    folder = server.requests_root / re.search(r"req-[0-9a-f]{32}", url).group(0)
+    hostile: list[Any] = [
+        "/etc/passwd", "../../../etc/passwd", f"{url}/../../../../etc/passwd/req-{'0' * 32}",
+        {"path": "/etc/passwd", "meta": META}, ["/etc/passwd"], 12, None, "", "req-" + "f" * 32,
+        "x" * 100_000, f"{folder}/../req-{'1' * 32}", str(folder).replace("req-", "req-../"),
+    ]  # fmt: skip
+    for ref in hostile:
+        event, data, text = server.call("pointmap_mesh", [ref])
+        assert event == "error", (ref, text[:300])
+        assert SECRET not in text and "gradio_api/file=" not in text
+        if isinstance(ref, dict):  # a file where a string goes: Gradio refuses it before we see it
+            continue
+        assert data["title"] == "Result not found", (ref, data)
+    assert sorted(p.name.split("_", 1)[-1] for p in folder.iterdir() if p.is_file() and "mesh" in p.name) == [
+        "mesh_preview.glb"
+    ]  # nothing was made by the refused calls
+    event, data, text = server.call("pointmap_mesh", [url])
+    assert event == "complete", text[:300]
+    assert sorted(Path(f["path"]).name.split("_", 1)[-1] for f in data[0]) == ["mesh.glb", "mesh.ply"]
+    assert all(Path(f["path"]).parent == folder for f in data[0])
+
+
 def test_files_over_the_byte_budget_are_refused(server: Server, tmp_path: Path) -> None:
     import base64
 

@@ -29,7 +29,9 @@ from sapiens2.metadata import NUM_KEYPOINTS  # noqa: E402
 
 PHOTO = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"  # small: 640x426
 PHOTO_WH = Image.open(PHOTO).size
-ENDPOINTS = ["/pose", "/seg", "/normal", "/pointmap", "/matting", "/features", "/similarity", "/all"]
+ENDPOINTS = [
+    "/pose", "/seg", "/normal", "/pointmap", "/pointmap_mesh", "/matting", "/features", "/similarity", "/all"
+]  # fmt: skip
 
 
 def free_port() -> int:
@@ -157,14 +159,40 @@ def test_normal(client: Client) -> None:
     assert line.startswith("normal ")
 
 
-def test_pointmap(client: Client) -> None:
+def test_pointmap(client: Client, served) -> None:
     pair, glb, files, line = client.predict(photo(), "0.4b", False, api_name="/pointmap")
     check_slider(pair)
     assert Path(glb).read_bytes()[:4] == b"glTF" and Path(glb).name.endswith("_mesh_preview.glb")
     check_files(files, {".glb", ".ply", ".npy", ".png"})
     names = {Path(p).name.split("_", 1)[-1] for p in files}
-    assert {"mesh.glb", "mesh.ply", "mesh_preview.glb", "pointcloud.glb", "pointcloud.ply"} <= names
+    assert {"mesh_preview.glb", "pointcloud.glb", "pointcloud.ply"} <= names
+    assert not {"mesh.glb", "mesh.ply"} & names  # the full-resolution mesh: on request
     assert line.startswith("pointmap ")
+
+
+def test_the_full_resolution_mesh_is_made_on_request(client: Client, served) -> None:
+    import trimesh
+
+    by_url = Client(served[1][0], download_files=False, verbose=False)
+    _, _, files, _ = by_url.predict(photo(), "0.4b", False, api_name="/pointmap")
+    url = files[0]["url"]  # any file of the result names it
+    folder = Path(files[0]["path"]).parent
+    made, info = client.predict(url, api_name="/pointmap_mesh")
+    assert sorted(Path(p).name.split("_", 1)[-1] for p in made) == ["mesh.glb", "mesh.ply"]
+    assert info.startswith("pointmap: Full-resolution mesh") and " MB" in info and "make " in info
+    cloud = trimesh.load(next(folder.glob("*_pointcloud.ply")), process=False)
+    glb = next(p for p in made if p.endswith(".glb"))
+    [mesh] = trimesh.load(glb, process=False).geometry.values()
+    ply = trimesh.load(next(p for p in made if p.endswith(".ply")), process=False)
+    # no segmentation: every finite point is foreground, in the cloud and in the mesh
+    assert len(mesh.vertices) == len(ply.vertices) == len(cloud.vertices) > 0
+    np.testing.assert_allclose(ply.vertices, cloud.vertices)
+    again, _ = client.predict(folder.name, api_name="/pointmap_mesh")  # by its id: the same files
+    assert [Path(p).read_bytes() for p in again] == [Path(p).read_bytes() for p in made]
+    with pytest.raises(Exception, match="no longer holds that result"):
+        client.predict("req-" + "0" * 32, api_name="/pointmap_mesh")
+    with pytest.raises(Exception, match="does not name one result"):
+        client.predict("/etc/passwd", api_name="/pointmap_mesh")
 
 
 def test_matting(client: Client) -> None:

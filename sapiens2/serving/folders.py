@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from ..errors import ResultNotFoundError
+
+#: a request folder's name (128 random bits), alone or inside a path or URL of one of its files
+_FOLDER = re.compile(r"(?<![0-9A-Za-z])req-([0-9a-f]{32})(?![0-9A-Za-z])")
+#: the longest reference :meth:`RequestFolders.find` reads (a URL of a file of the result)
+MAX_REF_CHARS = 4096
 
 
 class RequestFolders:
@@ -27,6 +35,31 @@ class RequestFolders:
         self.prune()
         folder = self.root / f"req-{secrets.token_hex(16)}"
         folder.mkdir(mode=0o700)
+        return folder
+
+    def find(self, ref: object) -> Path:
+        """The folder of an earlier request: ``ref`` is its id (``req-<32 hex digits>``) or holds
+        it, as a path or URL of any of its files does. Only that name is taken from ``ref``, and
+        only a folder of this server's root is returned: anything else raises
+        :class:`ResultNotFoundError` with what to do."""
+        if not isinstance(ref, str) or not ref.strip():
+            raise ResultNotFoundError(
+                "Name the result: its id (req-...), or the path or URL of any of its files."
+            )
+        if len(ref) > MAX_REF_CHARS:
+            raise ResultNotFoundError(f"A result reference is at most {MAX_REF_CHARS} characters.")
+        ids = set(_FOLDER.findall(ref))
+        if len(ids) != 1:
+            raise ResultNotFoundError(
+                "That does not name one result: expected its id (req- and 32 hex digits), or the "
+                "path or URL of one of its files."
+            )
+        folder = self.root / f"req-{ids.pop()}"
+        if not folder.is_dir() or folder.is_symlink():
+            raise ResultNotFoundError(
+                f"This server no longer holds that result (results are kept about "
+                f"{self.max_age_s / 60:.0f} minutes). Run the task again."
+            )
         return folder
 
     def prune(self, force: bool = False) -> int:

@@ -118,6 +118,7 @@ def present(
     *,
     stages: Stages | None = None,
     preview_side: int | None = None,
+    later: bool = False,
     **render_opts: Any,
 ) -> Presented:
     """Render ``result`` with the (validated) rendering options and write its exports into
@@ -126,6 +127,7 @@ def present(
     ``stages``: where to add this step's timings (render, downloads, previews, views).
     ``preview_side``: also write JPEG previews of the photo and the rendering, that long at most
     (into ``out_dir/preview``, apart from the downloads).
+    ``later``: leave the task's on-demand files (``Task.on_demand``) to be made when asked.
 
     The files are written side by side on ``WRITE_WORKERS`` threads (:func:`file_writes.deferred_writes`):
     the downloads, then the two previews. Each stage is the wall time until its own files are all
@@ -134,6 +136,8 @@ def present(
     stages = stages or Stages()
     task = registry.get(result.info.task)
     args = task.render_args(render_opts)
+    if later and task.on_demand:
+        args = {**args, "later": True}
     # The render runs alone: its cv2 calls use cv2's own threads, which a concurrent cv2 call
     # from another thread would take (cv2 then runs one of them single-threaded).
     with stages.timed("render"):

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import GpuUnavailableError, InputImageError, OutOfMemoryError, Sapiens2Error
@@ -108,6 +109,7 @@ class RequestRunner:
         announce: Callable[[str], None] | None = None,
         device_many: DeviceMany | None = None,
         preview_side: int | None = None,
+        later: bool = False,
     ) -> None:
         self.manager = manager
         self.folders = folders or RequestFolders()
@@ -115,6 +117,8 @@ class RequestRunner:
         self.device_many = device_many or (lambda jobs, _sec: many_on_device(manager, jobs))
         self.announce = announce  # tells the visitor what a large run costs (ZeroGPU) before it starts
         self.preview_side = preview_side  # a page's previews (present.PREVIEW_SIDE); None: none
+        #: leave the tasks' on-demand files (the full-resolution mesh) to :meth:`make`
+        self.later = later
 
     def job(
         self,
@@ -186,8 +190,26 @@ class RequestRunner:
 
     def present(self, result: Any, job: Job) -> Presented:
         return present(
-            result, self.folders.new(), stages=job.stages, preview_side=self.preview_side, **job.render_opts
+            result,
+            self.folders.new(),
+            stages=job.stages,
+            preview_side=self.preview_side,
+            later=self.later,
+            **job.render_opts,
         )
+
+    def make(self, api_name: str, ref: Any) -> tuple[list[Path], str]:
+        """The on-demand files ``api_name`` (a ``Task.on_demand`` entry) of the earlier result
+        ``ref`` names (:meth:`RequestFolders.find`), made in its folder: (files, a run info line).
+        CPU only, no model."""
+        task, entry = registry.on_demand(api_name)
+        stages = Stages()
+        with stages.timed("find"):
+            folder = self.folders.find(ref)
+        with stages.timed("make"):
+            files = entry.make(folder)
+        size = sum(p.stat().st_size for p in files)
+        return files, run_info(f"{task.api_name}: {entry.label} · {size / 1e6:,.1f} MB", stages)
 
     def compare(
         self, task: str, photo_a: Any, photo_b: Any, size: str | None = None

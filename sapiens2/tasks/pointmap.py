@@ -26,7 +26,7 @@ from ..options import Option
 from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .registry import Task, Video, View
+from .registry import OnDemand, Task, Video, View
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline, seg_borrowing
 
@@ -69,14 +69,20 @@ class PointmapResult(TaskResult):
         )
         return out
 
-    def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, *, rendered: np.ndarray | None = None, later: bool = False
+    ) -> list[Path]:
         """Writes ``<name>_depth.npy`` (H, W), ``<name>_pointmap.npy`` (H, W, 3), ``<name>_depth.png``
         (the render), ``<name>_pointcloud.ply`` (every foreground point, image colours),
         ``<name>_pointcloud.glb`` (a subset of at most ``export.GLB_MAX_POINTS``, glTF frame),
-        ``<name>_mesh.glb`` and ``<name>_mesh.ply`` (the full-resolution mesh, :mod:`sapiens2.mesh`)
-        and ``<name>_mesh_preview.glb`` (the decimated mesh the 3D viewer shows); returns their paths.
-        ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
-        instead of a fresh default ``render()``."""
+        ``<name>_mesh_preview.glb`` (the decimated mesh the 3D viewer shows) and
+        ``<name>_mesh.glb`` and ``<name>_mesh.ply`` (the full-resolution mesh, :mod:`sapiens2.mesh`);
+        returns their paths. ``rendered``: an image already rendered (e.g. with the viewer's
+        options) to write as the PNG instead of a fresh default ``render()``.
+
+        ``later``: leave the full-resolution mesh out (at 12 MP its two files are ~0.7 GB and the
+        largest part of a request's time) and write instead what :func:`full_mesh_files` makes
+        them from when asked: the app's way (its "full-resolution mesh" button)."""
         from ..export import safe_path, write_glb, write_npy, write_ply, write_png
         from ..mesh import write_mesh_glb, write_mesh_ply
 
@@ -94,8 +100,11 @@ class PointmapResult(TaskResult):
             write_ply(path("_pointcloud.ply"), pts, cols),
             write_glb(path("_pointcloud.glb"), pts, cols),  # a subset: the viewer's cloud
         ]
-        full = self.mesh()  # built while the files above are written
-        files += [write_mesh_glb(path("_mesh.glb"), full), write_mesh_ply(path("_mesh.ply"), full)]
+        if later:
+            keep_mesh_source(Path(out_dir), self)
+        else:
+            full = self.mesh()  # built while the files above are written
+            files += [write_mesh_glb(path("_mesh.glb"), full), write_mesh_ply(path("_mesh.ply"), full)]
         files.append(write_mesh_glb(path("_mesh_preview.glb"), self.mesh(preview=True)))
         return [Path(p) for p in files]
 
@@ -227,6 +236,68 @@ class PointmapPipeline(SegMaskedPipeline):
         )
 
 
+# ----------------------------------------------------------------------------- the mesh, later
+
+#: What :func:`full_mesh_files` needs besides ``<name>_pointmap.npy``, kept in the request folder
+#: (not a download): the mask (bits), the photo (the vertex colours), the focal length, the name.
+MESH_SOURCE = Path("on_demand") / "pointmap_mesh.npz"
+
+
+def keep_mesh_source(folder: Path, result: PointmapResult) -> Path:
+    """Write :data:`MESH_SOURCE` for ``result`` into ``folder`` (on the pool of an active
+    ``deferred_writes``): 1/8 byte a pixel for the mask, 3 for the photo (~38 MB at 12 MP)."""
+    from ..file_writes import prepare, write_or_defer
+
+    mask, image = np.packbits(result.mask, axis=None), result.image
+
+    def write(p: Path) -> None:
+        with open(p, "wb") as f:
+            np.savez(
+                f, mask=mask, image=image, focal_px=np.float64(result.focal_px), name=np.str_(result.name)
+            )
+
+    return write_or_defer(prepare(folder / MESH_SOURCE), write)
+
+
+def full_mesh_files(folder: Path) -> list[Path]:
+    """``<name>_mesh.glb`` and ``<name>_mesh.ply`` of the pointmap result in ``folder`` (written
+    there by ``save(..., later=True)``): the same files, byte for byte, that ``save()`` writes at
+    once. Files already made are returned as they are; the files only appear complete (written
+    under a temporary name first), so two requests at once never see half a file."""
+    import secrets
+    import shutil
+
+    from ..errors import ResultNotFoundError
+    from ..export import safe_path
+    from ..mesh import grid_mesh, write_mesh_glb, write_mesh_ply
+
+    source = folder / MESH_SOURCE
+    try:
+        with np.load(source, allow_pickle=False) as kept:
+            name, focal = str(kept["name"]), float(kept["focal_px"])
+            image, bits = kept["image"], kept["mask"]
+    except (OSError, KeyError, ValueError) as err:
+        raise ResultNotFoundError(
+            "This result has no full-resolution mesh to make (not a pointmap result, or it was "
+            "made elsewhere). Run pointmap on the photo first."
+        ) from err
+    targets = [safe_path(folder, name, "_mesh.glb"), safe_path(folder, name, "_mesh.ply")]
+    if all(p.is_file() for p in targets):
+        return targets
+    pointmap = np.load(safe_path(folder, name, "_pointmap.npy"), allow_pickle=False)
+    h, w = image.shape[:2]
+    mask = np.unpackbits(bits, count=h * w).reshape(h, w).astype(bool)
+    full = grid_mesh(pointmap, mask, image, focal_px=focal)
+    work = folder / f".making-{secrets.token_hex(8)}"
+    try:
+        made = [write_mesh_glb(work / targets[0].name, full), write_mesh_ply(work / targets[1].name, full)]
+        for src, dst in zip(made, targets, strict=True):
+            Path(src).replace(dst)  # atomic on one file system: a reader sees all or nothing
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return targets
+
+
 # ----------------------------------------------------------------------------- declaration
 
 
@@ -245,7 +316,7 @@ TASK = Task(
     button="Run pointmap",
     summary="Pointmap / 3D: metric XYZ per pixel, a depth view, a coloured point cloud and mesh.",
     result_label="Depth",
-    downloads="Downloads (mesh GLB/PLY, point cloud PLY/GLB, depth and XYZ NPY, depth PNG)",
+    downloads="Downloads (point cloud PLY/GLB, mesh preview GLB, depth and XYZ NPY, depth PNG)",
     gpu_seconds=_gpu_seconds,
     options=(
         Option(
@@ -258,6 +329,18 @@ TASK = Task(
         ),
     ),
     views=(View("model3d", f"3D mesh (preview: at most {PREVIEW_MAX_FACES:,} faces)", _mesh_preview),),
+    on_demand=(
+        OnDemand(
+            api_name="pointmap_mesh",
+            button="Make the full-resolution mesh (GLB + PLY)",
+            label="Full-resolution mesh (every foreground pixel a vertex)",
+            summary=(
+                "The full-resolution mesh (GLB and PLY, every foreground pixel a vertex) of a pointmap "
+                "result, made on request: pass the result's id or any of its file paths or URLs."
+            ),
+            make=full_mesh_files,
+        ),
+    ),
     borrows=("seg",),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},

@@ -46,6 +46,20 @@ class View:
 
 
 @dataclass(frozen=True)
+class OnDemand:
+    """Files a finished result makes only when asked (the pointmap's full-resolution mesh): too
+    large to write on every run for the few who download them. The run leaves in its request
+    folder what ``make`` needs (``save(..., later=True)``); ``make(folder)`` writes the files
+    there and returns their paths, the same files ``save()`` writes without ``later``."""
+
+    api_name: str  # endpoint: ``/<api_name>`` (its one parameter names the result)
+    button: str  # the tab's button
+    label: str  # label of the files it makes
+    summary: str  # one sentence: the API description
+    make: Callable[[Path], list[Path]]
+
+
+@dataclass(frozen=True)
 class Switch:
     """A command-line switch that changes how the task's pipeline is built (not a request option)."""
 
@@ -128,6 +142,8 @@ class Task:
     #: rendering options -> keyword arguments of the result's render() and save()
     render_args: Callable[[Mapping[str, Any]], dict[str, Any]] = same_options
     compare: Compare | None = None
+    #: files made after the run, on request (see :class:`OnDemand`)
+    on_demand: tuple[OnDemand, ...] = ()
     video: Video | None = None  # None: photos only
     #: extra command-line spellings of options (option name -> flags), and pipeline switches
     cli_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -156,6 +172,15 @@ class Task:
         """Render options of a clip: the render options' defaults, then the video overrides."""
         overrides = self.video.render_overrides if self.video else {}
         return {o.name: o.default for o in self.options if o.stage == "render"} | dict(overrides)
+
+
+def on_demand(api_name: str) -> tuple[Task, OnDemand]:
+    """The shown task declaring the on-demand files ``api_name``, and that entry."""
+    for task in all_tasks().values():
+        for entry in task.on_demand:
+            if entry.api_name == api_name:
+                return task, entry
+    raise OptionError(f"No task makes {api_name!r} on request.")
 
 
 def forward_seconds(size: str, images: int = 1) -> float:
@@ -273,6 +298,7 @@ def unregister(name: str) -> None:
 __all__ = [
     "TASK_CHECKPOINTS_ENV",
     "Compare",
+    "OnDemand",
     "Switch",
     "Task",
     "Video",
@@ -283,6 +309,7 @@ __all__ = [
     "forward_seconds",
     "get",
     "local_checkpoint_found",
+    "on_demand",
     "register",
     "unregister",
     "video_tasks",

@@ -31,6 +31,7 @@ from ..errors import (
     OptionError,
     OutOfMemoryError,
     ResidencyError,
+    ResultNotFoundError,
     Sapiens2Error,
     VideoEncodeError,
     WeightsUnavailableError,
@@ -38,7 +39,7 @@ from ..errors import (
 from ..options import Option
 from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, is_out_of_memory
 from ..serving.present import PREVIEW_SIDE, Stages, run_info
-from ..tasks.registry import Task
+from ..tasks.registry import OnDemand, Task
 from .gpu import device_call, device_many
 
 log = logging.getLogger("sapiens2.app")
@@ -52,6 +53,7 @@ ERROR_TITLES: list[tuple[type[Exception], str]] = [  # the first match wins: sub
     (VideoEncodeError, "Video encoder missing"),
     (InputImageError, "Image problem"),
     (OptionError, "Invalid option"),
+    (ResultNotFoundError, "Result not found"),
     (OutOfMemoryError, "Out of GPU memory"),
     (DeviceError, "GPU problem"),
 ]
@@ -152,6 +154,7 @@ class Runner:
             announce=gr.Info,
             device_many=device_many(manager),
             preview_side=PREVIEW_SIDE,
+            later=True,  # the full-resolution mesh only when a visitor asks (Task.on_demand)
         )
         # Downloads and previews are served from the request folders as they are: Gradio would
         # otherwise hash and copy every output into its cache after each run (hundreds of MB for
@@ -167,6 +170,12 @@ class Runner:
             shown = self.requests.run(task, photo, size, stages=stage_progress(progress), **options)
         warn(shown.notices)
         return shown
+
+    def make(self, api_name: str, ref: Any) -> tuple[list[str], str]:
+        """An earlier result's on-demand files (e.g. the full-resolution mesh) and a run info line."""
+        with reported(self.manager):
+            files, line = self.requests.make(api_name, ref)
+        return [str(p) for p in files], line
 
     def compare(self, task: str, photo_a: Any, photo_b: Any, size: str | None) -> tuple[float, str]:
         with reported(self.manager):
@@ -273,6 +282,19 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
         + [(o.name, o.describe(gpu)) for o in task.options],
     )
     return _endpoint(endpoint, task.api_name, ["photo", "size", *names], doc)
+
+
+def on_demand_endpoint(run: Runner, entry: OnDemand) -> Callable[..., Any]:
+    """``f(result)`` -> (the files made, run info)."""
+
+    def endpoint(*args: Any) -> tuple[list[str], str]:
+        return run.make(entry.api_name, args[0])
+
+    doc = _docstring(
+        entry.summary,
+        [("result", "the result: its id (req-...), or the path or URL of any of its files.")],
+    )
+    return _endpoint(endpoint, entry.api_name, ["result"], doc)
 
 
 def compare_endpoint(run: Runner, task: Task) -> Callable[..., Any]:

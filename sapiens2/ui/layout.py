@@ -9,15 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 from gradio.context import Context, get_blocks_context
 
 from ..serving import ModelManager
-from ..tasks.registry import Task
+from ..tasks.registry import OnDemand, Task
 from ..zoo import ARCHS, DETECTOR, WEIGHTS_LICENSE
-from .handlers import Runner, all_endpoint, compare_endpoint, task_endpoint, time_requests
+from .handlers import (
+    Runner,
+    all_endpoint,
+    compare_endpoint,
+    on_demand_endpoint,
+    task_endpoint,
+    time_requests,
+)
 from .inputs import photo_input
 from .widgets import option_widget, render_results, result_widgets, size_dropdown
 
@@ -88,6 +96,31 @@ def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -
     )
 
 
+def on_demand_block(run: Runner, entry: OnDemand, downloads: gr.File) -> None:
+    """A button that makes an on-demand download of the tab's last result (``/<api_name>``).
+
+    The result is named by a hidden text box that follows the tab's downloads (whatever filled
+    them: the button, an example, "Run all tasks"); API callers pass the id themselves."""
+    result = gr.Textbox(visible=False, label="result")
+    button = gr.Button(entry.button, variant="secondary")
+    files = gr.File(label=entry.label, file_count="multiple")
+    info = gr.Textbox(label=f"{entry.label}: run info", interactive=False, lines=2, max_lines=3)
+
+    def follow(paths: Any) -> tuple[str, None, str]:
+        first = (paths or [None])[0]
+        return (Path(first).parent.name if first else ""), None, ""
+
+    downloads.change(follow, inputs=downloads, outputs=[result, files, info], api_visibility="private")
+    button.click(
+        on_demand_endpoint(run, entry),
+        inputs=[result],
+        outputs=[files, info],
+        api_name=entry.api_name,
+        concurrency_id="files",  # CPU file work: never waits behind a model run
+        concurrency_limit=1,
+    )
+
+
 def task_tab(run: Runner, task: Task, photo: gr.Image, examples: list[str]) -> TabParts:
     """One task's tab and its endpoint (``/<api_name>``)."""
     manager: ModelManager = run.manager
@@ -107,6 +140,8 @@ def task_tab(run: Runner, task: Task, photo: gr.Image, examples: list[str]) -> T
                 add_examples(photo, task, handler, parts, examples)
             with gr.Column(scale=2):
                 render_results(outputs)
+                for entry in task.on_demand:
+                    on_demand_block(run, entry, outputs[-2])  # after the downloads
     button.click(
         handler,
         inputs=[photo, *parts.controls],

@@ -1,0 +1,133 @@
+"""The full-resolution mesh made on request (issue 21): a run in the app leaves it out and keeps
+what makes it; ``full_mesh_files`` then writes the same files, byte for byte, as ``save()``."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sapiens2.errors import ResultNotFoundError
+from sapiens2.file_writes import deferred_writes
+from sapiens2.serving import RequestFolders
+from sapiens2.tasks import registry
+from sapiens2.tasks.base import RunInfo
+from sapiens2.tasks.pointmap import MESH_SOURCE, PointmapResult, full_mesh_files
+from test_mesh import F, colours, plane_pointmap
+
+
+def result(h: int = 37, w: int = 53, name: str = "me") -> PointmapResult:
+    """A step in depth, an odd-sized mask (its bits do not fill the last byte) and a hole."""
+    z = np.full((h, w), 2.0, np.float32)
+    z[:, w // 2 :] = 2.6
+    pm = plane_pointmap(h, w, z)
+    mask = np.zeros((h, w), bool)
+    mask[3:-2, 4:-3] = True
+    mask[10:14, 10:15] = False
+    return PointmapResult(
+        image=colours(h, w), info=RunInfo("pointmap", "0.4b", "cpu", "float32"), name=name,
+        pointmap=pm, depth=pm[:, :, 2].copy(), mask=mask, scale=1.0, focal_px=F, focal_px_input=F,
+    )  # fmt: skip
+
+
+def by_name(paths: list[Path]) -> dict[str, Path]:
+    return {Path(p).name: Path(p) for p in paths}
+
+
+def test_later_leaves_the_mesh_out_and_making_it_gives_the_same_bytes(tmp_path: Path) -> None:
+    res = result()
+    now = by_name(res.save(tmp_path / "now"))
+    later_dir = tmp_path / "later"
+    with ThreadPoolExecutor(3) as pool, deferred_writes(pool):  # as the app writes them
+        later = by_name(res.save(later_dir, later=True))
+    assert {"me_mesh.glb", "me_mesh.ply"} <= set(now)
+    assert not {"me_mesh.glb", "me_mesh.ply"} & set(later)
+    assert set(later) == set(now) - {"me_mesh.glb", "me_mesh.ply"}
+    for name, path in later.items():  # everything else is as before
+        assert path.read_bytes() == now[name].read_bytes(), name
+    assert (later_dir / MESH_SOURCE).is_file() and not (tmp_path / "now" / MESH_SOURCE).exists()
+
+    made = full_mesh_files(later_dir)
+    assert [p.name for p in made] == ["me_mesh.glb", "me_mesh.ply"]
+    for path in made:
+        assert path.parent == later_dir
+        assert path.read_bytes() == now[path.name].read_bytes(), path.name
+    again = full_mesh_files(later_dir)  # made once: the second call returns the same files
+    assert again == made and [p.stat().st_mtime_ns for p in again] == [p.stat().st_mtime_ns for p in made]
+    assert not list(later_dir.glob(".making-*"))
+
+
+def test_two_requests_at_once_both_get_whole_files(tmp_path: Path) -> None:
+    res = result(120, 160)
+    reference = by_name(res.save(tmp_path / "ref"))
+    res.save(tmp_path / "r", later=True)
+    barrier, out = threading.Barrier(2), []
+
+    def make() -> None:
+        barrier.wait()
+        out.append(full_mesh_files(tmp_path / "r"))
+
+    threads = [threading.Thread(target=make) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 2 and out[0] == out[1]
+    for path in out[0]:
+        assert path.read_bytes() == reference[path.name].read_bytes()
+    assert not list((tmp_path / "r").glob(".making-*"))
+
+
+def test_a_folder_without_a_pointmap_result_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ResultNotFoundError, match="Run pointmap on the photo first"):
+        full_mesh_files(tmp_path)
+    (tmp_path / MESH_SOURCE).parent.mkdir()
+    (tmp_path / MESH_SOURCE).write_bytes(b"not an npz")
+    with pytest.raises(ResultNotFoundError):
+        full_mesh_files(tmp_path)
+
+
+def test_the_pointmap_task_declares_its_mesh_on_demand() -> None:
+    task, entry = registry.on_demand("pointmap_mesh")
+    assert task.name == "pointmap" and entry.make is full_mesh_files
+    with pytest.raises(Exception, match="No task makes"):
+        registry.on_demand("../../etc/passwd")
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        None, 7, "", "   ", "req-", "req-" + "0" * 31, "req-" + "0" * 33, "req-" + "A" * 32,
+        "../../etc/passwd", "/etc/passwd", "req-" + "g" * 32, "x" * 5000,
+    ],
+)  # fmt: skip
+def test_a_reference_that_names_no_result_of_ours_is_refused(tmp_path: Path, ref: object) -> None:
+    folders = RequestFolders(tmp_path / "requests")
+    folders.new()
+    with pytest.raises(ResultNotFoundError):
+        folders.find(ref)
+
+
+def test_a_result_is_found_by_its_id_a_path_or_a_url_and_only_under_the_root(tmp_path: Path) -> None:
+    folders = RequestFolders(tmp_path / "requests")
+    folder = folders.new()
+    url = f"http://127.0.0.1:7860/gradio_api/file={folder}/me_depth.png"
+    for ref in (folder.name, str(folder / "me_pointmap.npy"), url, f"{{'path': '{folder}/a.ply', 'url': '{url}'}}"):
+        assert folders.find(ref) == folder
+    other = folders.new()
+    with pytest.raises(ResultNotFoundError, match="does not name one result"):
+        folders.find(f"{folder}/a {other}/b")  # two results: which one?
+    gone = "req-" + "0" * 32
+    with pytest.raises(ResultNotFoundError, match="no longer holds"):
+        folders.find(gone)
+    outside = tmp_path / "elsewhere" / ("req-" + "1" * 32)  # a folder of that name elsewhere
+    outside.mkdir(parents=True)
+    with pytest.raises(ResultNotFoundError):
+        folders.find(str(outside))
+    link = folders.root / ("req-" + "2" * 32)  # a link planted in the root is not a result
+    link.symlink_to(outside)
+    with pytest.raises(ResultNotFoundError):
+        folders.find(link.name)
