@@ -11,6 +11,10 @@ photo (1080p, 12 MP, 48 MP by default) and task it reports, as medians over ``--
 * ``floor``: decoding the same photo and writing one fast PNG (zlib level 1) at its size, timed
   in the same run: the least any request that returns a full-size picture must cost.
 
+The server runs in its own process, as a visitor's server does (``--in-process`` serves it in
+this one, as the first versions of this bench did: the client's threads then share the
+server's interpreter).
+
     python bench/visitor_wait.py                                   # every photo task, 3 sizes
     python bench/visitor_wait.py --tasks pose,seg --photos 4000x3000 --runs 3
     python bench/visitor_wait.py --json out.json                   # also write the rows
@@ -26,6 +30,7 @@ import os
 import re
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,6 +90,29 @@ def serve(folder: Path, threads: int | None = None) -> tuple[Any, str]:
     return demo, url
 
 
+def serve_process(folder: Path, threads: int | None) -> tuple[subprocess.Popen[str], str]:
+    """The app served by a child process (``--serve-only``): the process and its URL."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-only", str(folder)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    for line in child.stdout:  # start-up noise, then the URL
+        if line.startswith("URL "):
+            return child, line.split()[1]
+    raise RuntimeError(f"the server process ended before serving (exit {child.wait()})")
+
+
+def serve_only(folder: Path, threads: int | None) -> None:
+    """Serve until standard input closes (the parent ended or let go)."""
+    demo, url = serve(folder, threads)
+    print("URL", url, flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        demo.close()
+
+
 def call(client: Any, task: str, photo: Path) -> tuple[float, float, str]:
     """(client wall seconds, run info total seconds, run info) of one request."""
     from gradio_client import handle_file
@@ -108,19 +136,36 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument(
         "--threads", type=int, help="torch CPU threads (default: the app's own, one per usable CPU)"
     )
+    ap.add_argument("--in-process", action="store_true", help="serve the app in this process")
+    ap.add_argument("--serve-only", type=Path, help=argparse.SUPPRESS)  # the child's part
     args = ap.parse_args(argv)
+    if args.serve_only:
+        serve_only(args.serve_only, args.threads)
+        return []
     from gradio_client import Client
 
+    from sapiens2 import heap
+
+    heap.configure()  # the floor's process gets the server's heap settings too
     tmp = Path(tempfile.mkdtemp(prefix="visitor_wait_"))
-    demo, url = serve(tmp, args.threads)
+    if args.in_process:
+        demo, url = serve(tmp, args.threads)
+        stop = demo.close
+    else:
+        child, url = serve_process(tmp, args.threads)
+
+        def stop() -> None:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait(timeout=60)
+
     client = Client(url, download_files=False, verbose=False)
     tasks = args.tasks.split(",")
     load = os.getloadavg()
-    import torch
-
     print(
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} CPUs, "
-        f"torch threads {torch.get_num_threads()}, tiny models"
+        f"server torch threads {args.threads or 'as the app sets them'}, "
+        f"server {'in this process' if args.in_process else 'in its own process'}, tiny models"
     )
     small = make_photo(640, 480, tmp)
     for task in tasks:  # warm-up: model loads and first-call costs stay out of the figures
@@ -158,7 +203,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     flush=True,
                 )
     finally:
-        demo.close()
+        stop()
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     if args.json:

@@ -12,18 +12,57 @@ from collections.abc import Callable
 from ..errors import OutOfMemoryError
 from ..zoo import get_task
 
+#: Free heap a server keeps mapped between requests. A request's temporaries then find pages the
+#: process already holds instead of the kernel faulting in (zeroing, and for numpy's huge pages
+#: compacting) fresh ones: on the 2-CPU test machine that was 0.3-0.5 s of a served 12 MP pointmap
+#: request, whose temporaries leave ~0.6 GB free at its end (docs/PERFORMANCE.md, "Threads and
+#: pages"). More than this (a 48 MP photo frees ~2.3 GB) all goes back to the system at once.
+KEEP_FREE_BYTES = 1 << 30
 
-def release_memory() -> None:
-    """Give the heap memory freed by a finished request back to the operating system.
 
-    Request buffers (photos, model outputs, renders) are freed, but glibc keeps the pages in the
-    malloc arena of the thread that used them, and a server runs requests on many threads: its
-    resident memory climbs with every burst (measured with bench/load.py: +60% over 200 requests
-    without this). ``malloc_trim`` returns them in milliseconds; elsewhere this does nothing.
+def release_memory(keep_bytes: int = KEEP_FREE_BYTES) -> None:
+    """Give the heap memory freed by a finished request back to the operating system, once more
+    than ``keep_bytes`` of it is free (0: always).
+
+    Request buffers (photos, model outputs, renders) are freed, but glibc keeps their pages, and a
+    server runs requests on many threads: without a trim its resident memory climbs with every
+    burst (measured with bench/load.py: +60% over 200 requests). ``malloc_trim`` returns every
+    free page in milliseconds, so the trim waits until the free heap passes ``keep_bytes``: up to
+    that much stays warm for the next request (see :data:`KEEP_FREE_BYTES`). Outside glibc this
+    does nothing.
     """
     trim = _malloc_trim()
-    if trim is not None:
+    if trim is None:
+        return
+    free = heap_free_bytes()
+    if free is None or free > keep_bytes:
         trim(0)
+
+
+class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (2.33+): every field a size_t
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+def heap_free_bytes() -> int | None:
+    """Bytes free in glibc's heap (every arena: ``mallinfo2().fordblks``), None where unknown."""
+    info = _mallinfo2()
+    return None if info is None else int(info().fordblks)
+
+
+@functools.cache
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return None
+    fn.argtypes, fn.restype = [], _MallInfo2
+    return fn
 
 
 @functools.cache
