@@ -398,9 +398,31 @@ def test_release_memory_gives_freed_request_buffers_back() -> None:
     worker.start()
     worker.join()
     before = _rss_mb()
-    serving.release_memory()
+    serving.release_memory(keep_bytes=0)
     assert before - _rss_mb() > 50  # ~120 MB of freed pages go back; without the trim they stay
     assert len(kept) == 40
+
+
+@pytest.mark.skipif(serving.memory._mallinfo2() is None, reason="glibc 2.33+ only (mallinfo2)")
+def test_release_memory_keeps_a_warm_heap_up_to_its_budget() -> None:
+    """Up to ``keep_bytes`` of free heap stays mapped for the next request (no page faults);
+    past it, everything goes back."""
+
+    def request() -> None:
+        buffers = [np.ones(8000) for _ in range(2000)]  # ~128 MB freed when it returns
+        del buffers
+
+    worker = threading.Thread(target=request)
+    worker.start()
+    worker.join()
+    free = serving.memory.heap_free_bytes()
+    assert free is not None and free > 32 << 20  # glibc itself gave part back as the thread ended
+    before = _rss_mb()
+    serving.release_memory(keep_bytes=int(free) + (64 << 20))  # within the budget: kept
+    assert abs(_rss_mb() - before) < 8
+    serving.release_memory(keep_bytes=int(free) // 2)  # past it: given back
+    assert before - _rss_mb() > free / 2**20 / 2
+    assert serving.memory.KEEP_FREE_BYTES == 1 << 30  # the server's budget (docs/PERFORMANCE.md)
 
 
 def test_every_app_request_releases_memory_even_when_it_fails(
