@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_mesh import F, colours, plane_pointmap
 
 from sapiens2.errors import ResultNotFoundError
 from sapiens2.file_writes import deferred_writes
@@ -16,7 +17,6 @@ from sapiens2.serving import RequestFolders
 from sapiens2.tasks import registry
 from sapiens2.tasks.base import RunInfo
 from sapiens2.tasks.pointmap import MESH_SOURCE, PointmapResult, full_mesh_files
-from test_mesh import F, colours, plane_pointmap
 
 
 def result(h: int = 37, w: int = 53, name: str = "me") -> PointmapResult:
@@ -115,7 +115,12 @@ def test_a_result_is_found_by_its_id_a_path_or_a_url_and_only_under_the_root(tmp
     folders = RequestFolders(tmp_path / "requests")
     folder = folders.new()
     url = f"http://127.0.0.1:7860/gradio_api/file={folder}/me_depth.png"
-    for ref in (folder.name, str(folder / "me_pointmap.npy"), url, f"{{'path': '{folder}/a.ply', 'url': '{url}'}}"):
+    for ref in (
+        folder.name,
+        str(folder / "me_pointmap.npy"),
+        url,
+        f"{{'path': '{folder}/a.ply', 'url': '{url}'}}",
+    ):
         assert folders.find(ref) == folder
     other = folders.new()
     with pytest.raises(ResultNotFoundError, match="does not name one result"):

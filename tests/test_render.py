@@ -325,3 +325,33 @@ def test_pca_rgb_recovers_the_leading_component_and_honours_the_mask() -> None:
     assert small[..., 2].max() == 0 and small[..., 0].max() > 0
     with pytest.raises(InputImageError, match=r"\(D, h, w\)"):
         render.pca_rgb(np.zeros((3, 3)))
+
+
+@pytest.mark.parametrize("block", [1, 7, 53 * 3 + 5, 1 << 20])
+def test_depth_colours_in_blocks_of_rows_equal_the_whole_picture_at_once(monkeypatch, block: int) -> None:
+    """depth_to_turbo works through blocks of rows (small temporaries); every pixel must get what
+    the whole-picture computation gives it, including NaN, negative and masked-out pixels."""
+    from sapiens2 import render as R
+
+    rng = np.random.default_rng(3)
+    depth = (1.5 + 2 * rng.random((41, 53))).astype(np.float32)
+    depth[rng.random(depth.shape) < 0.05] = np.nan
+    depth[rng.random(depth.shape) < 0.05] = -1.0
+    mask = rng.random(depth.shape) < 0.8
+
+    def whole(d: np.ndarray, m: np.ndarray | None, lo: float, hi: float) -> np.ndarray:
+        lut = np.vstack([R.turbo_lut(), np.full((1, 3), 100, np.uint8)])
+        fg = np.isfinite(d) & (d > 0) & (True if m is None else m)
+        index = np.full(d.shape, 256, np.intp)
+        vals = d[fg]
+        near, far = np.percentile(vals, [lo, hi])
+        t = (1.0 / vals - 1.0 / far) / (1.0 / near - 1.0 / far)
+        index[fg] = np.round(np.clip(t, 0.0, 1.0) * 255)
+        return lut[index]
+
+    monkeypatch.setattr(R, "_RENDER_BLOCK", block)
+    for m, (lo, hi) in ((mask, (1.0, 99.0)), (None, (0.0, 100.0)), (mask, (10.0, 60.0))):
+        got = R.depth_to_turbo(depth, m, percentiles=(lo, hi))
+        np.testing.assert_array_equal(got, whole(depth, m, lo, hi))
+    flat = R.depth_to_turbo(np.full((5, 9), 2.0, np.float32))  # one depth: mid-scale everywhere
+    assert (flat == R.turbo_lut()[128]).all()

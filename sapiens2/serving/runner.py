@@ -198,18 +198,18 @@ class RequestRunner:
             **job.render_opts,
         )
 
-    def make(self, api_name: str, ref: Any) -> tuple[list[Path], str]:
+    def make(self, api_name: str, ref: Any, stages: Stages | None = None) -> tuple[list[Path], str]:
         """The on-demand files ``api_name`` (a ``Task.on_demand`` entry) of the earlier result
-        ``ref`` names (:meth:`RequestFolders.find`), made in its folder: (files, a run info line).
-        CPU only, no model."""
+        ``ref`` names (:meth:`RequestFolders.find`), made in its folder: (files, how they were
+        made). CPU only, no model; ``stages``: where each step's seconds go."""
         task, entry = registry.on_demand(api_name)
-        stages = Stages()
+        stages = stages if stages is not None else Stages()
         with stages.timed("find"):
             folder = self.folders.find(ref)
         with stages.timed("make"):
             files = entry.make(folder)
         size = sum(p.stat().st_size for p in files)
-        return files, run_info(f"{task.api_name}: {entry.label} · {size / 1e6:,.1f} MB", stages)
+        return files, f"{task.api_name}: {entry.label} · {size / 1e6:,.1f} MB"
 
     def compare(
         self, task: str, photo_a: Any, photo_b: Any, size: str | None = None

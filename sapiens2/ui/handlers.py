@@ -171,11 +171,12 @@ class Runner:
         warn(shown.notices)
         return shown
 
-    def make(self, api_name: str, ref: Any) -> tuple[list[str], str]:
-        """An earlier result's on-demand files (e.g. the full-resolution mesh) and a run info line."""
+    def make(self, api_name: str, ref: Any) -> tuple[list[str], RunInfo]:
+        """An earlier result's on-demand files (e.g. the full-resolution mesh) and their run info."""
+        stages = Stages()
         with reported(self.manager):
-            files, line = self.requests.make(api_name, ref)
-        return [str(p) for p in files], line
+            files, head = self.requests.make(api_name, ref, stages)
+        return [str(p) for p in files], RunInfo(head, stages)
 
     def compare(self, task: str, photo_a: Any, photo_b: Any, size: str | None) -> tuple[float, str]:
         with reported(self.manager):
@@ -287,7 +288,7 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
 def on_demand_endpoint(run: Runner, entry: OnDemand) -> Callable[..., Any]:
     """``f(result)`` -> (the files made, run info)."""
 
-    def endpoint(*args: Any) -> tuple[list[str], str]:
+    def endpoint(*args: Any) -> tuple[list[str], RunInfo]:
         return run.make(entry.api_name, args[0])
 
     doc = _docstring(
