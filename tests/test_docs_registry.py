@@ -43,7 +43,8 @@ def endpoints_in(text: str, lead: str) -> set[str]:
 def expected_endpoints() -> set[str]:
     tasks = public_tasks()
     compare = {f"/{t.compare.api_name}" for t in tasks if t.compare}
-    return {f"/{t.api_name}" for t in tasks} | compare
+    later = {f"/{o.api_name}" for t in tasks for o in t.on_demand}
+    return {f"/{t.api_name}" for t in tasks} | compare | later
 
 
 def test_front_matter_preload_is_the_zoo_default_of_every_hub_task() -> None:
