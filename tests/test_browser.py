@@ -98,6 +98,38 @@ def test_every_tab_renders_and_an_example_runs(app_url: str, tmp_path_factory) -
     assert not page_errors, f"uncaught page errors: {page_errors}"
 
 
+def test_the_pointmap_tab_makes_the_full_resolution_mesh_on_request(app_url: str, tmp_path_factory) -> None:
+    """A visitor's path: an example runs pointmap, then the tab's button makes the mesh files of
+    that result (the hidden id follows the downloads) and lists them with their run info."""
+    shots = Path(os.environ.get("SAPIENS2_BROWSER_ARTIFACTS") or tmp_path_factory.mktemp("screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            page.goto(app_url, wait_until="domcontentloaded", timeout=60_000)
+            page.get_by_role("tab", name="Pointmap / 3D", exact=True).click()
+            button = page.locator("#pointmap_mesh-button")
+            assert button.is_disabled()  # no result yet
+            page.locator("#pointmap-examples .gallery-item").first.click()
+            # an example shows stored copies of its files: the mesh needs a run of the visitor's own
+            mesh_info = page.locator("#pointmap_mesh-info textarea")
+            sync_api.expect(mesh_info).to_have_value(lambda_prefix("Press “Run pointmap”"), timeout=120_000)
+            assert button.is_disabled()
+            page.get_by_role("button", name="Run pointmap", exact=True).click()
+            sync_api.expect(mesh_info).to_have_value("", timeout=120_000)
+            sync_api.expect(button).to_be_enabled(timeout=30_000)
+            button.click()
+            sync_api.expect(page.locator("#pointmap_mesh-info textarea")).to_have_value(
+                lambda_prefix("pointmap: Full-resolution mesh"), timeout=120_000
+            )
+            listed = "".join(page.locator("#pointmap_mesh-files").inner_text().split())  # names wrap
+            assert "_mesh.glb" in listed and "_mesh.ply" in listed, listed
+            page.screenshot(path=str(shots / "pointmap-mesh-on-request.png"), full_page=True)
+        finally:
+            browser.close()
+
+
 def lambda_prefix(prefix: str):
     """A regex for expect(...).to_have_value: the value starts with ``prefix``."""
     import re

@@ -18,6 +18,12 @@ _FOLDER = re.compile(r"(?<![0-9A-Za-z])req-([0-9a-f]{32})(?![0-9A-Za-z])")
 MAX_REF_CHARS = 4096
 
 
+def result_id(text: str) -> str | None:
+    """The one request folder name (``req-<32 hex digits>``) that ``text`` holds, else None."""
+    ids = set(_FOLDER.findall(text))
+    return f"req-{ids.pop()}" if len(ids) == 1 else None
+
+
 class RequestFolders:
     """One fresh output folder per request under ``root``; folders older than ``max_age_s``
     are deleted when new ones are made. The app serves downloads straight from these folders
@@ -48,13 +54,13 @@ class RequestFolders:
             )
         if len(ref) > MAX_REF_CHARS:
             raise ResultNotFoundError(f"A result reference is at most {MAX_REF_CHARS} characters.")
-        ids = set(_FOLDER.findall(ref))
-        if len(ids) != 1:
+        name = result_id(ref)
+        if name is None:
             raise ResultNotFoundError(
                 "That does not name one result: expected its id (req- and 32 hex digits), or the "
                 "path or URL of one of its files."
             )
-        folder = self.root / f"req-{ids.pop()}"
+        folder = self.root / name
         if not folder.is_dir() or folder.is_symlink():
             raise ResultNotFoundError(
                 f"This server no longer holds that result (results are kept about "

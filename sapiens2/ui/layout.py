@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 from gradio.context import Context, get_blocks_context
 
 from ..serving import ModelManager
+from ..serving.folders import result_id
 from ..tasks.registry import OnDemand, Task
 from ..zoo import ARCHS, DETECTOR, WEIGHTS_LICENSE
 from .handlers import (
@@ -96,21 +96,36 @@ def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -
     )
 
 
-def on_demand_block(run: Runner, entry: OnDemand, downloads: gr.File) -> None:
+def on_demand_block(run: Runner, task: Task, entry: OnDemand, downloads: gr.File) -> None:
     """A button that makes an on-demand download of the tab's last result (``/<api_name>``).
 
     The result is named by a hidden text box that follows the tab's downloads (whatever filled
     them: the button, an example, "Run all tasks"); API callers pass the id themselves."""
     result = gr.Textbox(visible=False, label="result")
-    button = gr.Button(entry.button, variant="secondary")
-    files = gr.File(label=entry.label, file_count="multiple")
-    info = gr.Textbox(label=f"{entry.label}: run info", interactive=False, lines=2, max_lines=3)
+    button = gr.Button(
+        entry.button, variant="secondary", interactive=False, elem_id=f"{entry.api_name}-button"
+    )
+    files = gr.File(label=entry.label, file_count="multiple", elem_id=f"{entry.api_name}-files")
+    info = gr.Textbox(
+        label=f"{entry.label}: run info",
+        interactive=False,
+        lines=2,
+        max_lines=3,
+        elem_id=f"{entry.api_name}-info",
+    )
 
-    def follow(paths: Any) -> tuple[str, None, str]:
-        first = (paths or [None])[0]
-        return (Path(first).parent.name if first else ""), None, ""
+    def follow(paths: Any) -> tuple[str, Any, None, str]:
+        """The id of the result now in the downloads; a cached example's files are copies
+        outside any request folder, so its result cannot be made more of: say so."""
+        found = result_id(" ".join(str(p) for p in paths or []))
+        if found is None and paths:
+            hint = f"Press “{task.button}” to make this from a run of your own (an example shows stored results)."
+            return "", gr.update(interactive=False), None, hint
+        return found or "", gr.update(interactive=bool(found)), None, ""
 
-    downloads.change(follow, inputs=downloads, outputs=[result, files, info], api_visibility="private")
+    downloads.change(
+        follow, inputs=downloads, outputs=[result, button, files, info], api_visibility="private"
+    )
     button.click(
         on_demand_endpoint(run, entry),
         inputs=[result],
@@ -141,7 +156,7 @@ def task_tab(run: Runner, task: Task, photo: gr.Image, examples: list[str]) -> T
             with gr.Column(scale=2):
                 render_results(outputs)
                 for entry in task.on_demand:
-                    on_demand_block(run, entry, outputs[-2])  # after the downloads
+                    on_demand_block(run, task, entry, outputs[-2])  # after the downloads
     button.click(
         handler,
         inputs=[photo, *parts.controls],
