@@ -9,9 +9,9 @@ On the 2-CPU test machine that was 1.5 s of a 4 s pointmap request spent in the 
 
 :func:`configure` makes the process keep one heap that all threads share and that is never
 unmapped block by block, so a request's temporaries reuse pages it has already touched. The
-memory goes back to the system when a request ends with more than
-``serving.memory.KEEP_FREE_BYTES`` of it free (``serving.release_memory`` runs ``malloc_trim``);
-up to that much stays mapped for the next request. Outside glibc (macOS, musl) this does nothing.
+memory goes back to the system once the free heap has grown by more than
+``serving.memory.KEEP_FREE_BYTES`` since the last trim (``serving.release_memory`` runs
+``malloc_trim``); up to that much stays mapped for the next request. Outside glibc (macOS, musl) this does nothing.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import ctypes
 import functools
 import gc
 import sys
+import threading
 from collections.abc import Callable
 
 from ..errors import OutOfMemoryError
@@ -15,28 +16,39 @@ from ..zoo import get_task
 #: Free heap a server keeps mapped between requests. A request's temporaries then find pages the
 #: process already holds instead of the kernel faulting in (zeroing, and for numpy's huge pages
 #: compacting) fresh ones: on the 2-CPU test machine that was 0.3-0.5 s of a served 12 MP pointmap
-#: request, whose temporaries leave ~0.6 GB free at its end (docs/PERFORMANCE.md, "Threads and
-#: pages"). More than this (a 48 MP photo frees ~2.3 GB) all goes back to the system at once.
+#: request, whose temporaries leave ~0.6 GB free at its end (docs/PERFORMANCE.md, "The last
+#: round"). More than this (a 48 MP photo frees ~2.3 GB) all goes back to the system at once.
 KEEP_FREE_BYTES = 1 << 30
 
 
 def release_memory(keep_bytes: int = KEEP_FREE_BYTES) -> None:
-    """Give the heap memory freed by a finished request back to the operating system, once more
-    than ``keep_bytes`` of it is free (0: always).
+    """Give the heap memory freed by finished requests back to the operating system, once the free
+    heap has grown by more than ``keep_bytes`` since the last time (0: always).
 
     Request buffers (photos, model outputs, renders) are freed, but glibc keeps their pages, and a
     server runs requests on many threads: without a trim its resident memory climbs with every
     burst (measured with bench/load.py: +60% over 200 requests). ``malloc_trim`` returns every
-    free page in milliseconds, so the trim waits until the free heap passes ``keep_bytes``: up to
-    that much stays warm for the next request (see :data:`KEEP_FREE_BYTES`). Outside glibc this
-    does nothing.
+    free page in milliseconds, so the trim waits until that much more is free: up to
+    ``keep_bytes`` stays warm for the next request (see :data:`KEEP_FREE_BYTES`). The growth, not
+    the total, decides: after a trim the free blocks stay counted as free (their pages are gone),
+    so after one very large request the total alone would call for a trim every time.
+    Outside glibc this does nothing.
     """
+    global _free_after_trim
     trim = _malloc_trim()
     if trim is None:
         return
-    free = heap_free_bytes()
-    if free is None or free > keep_bytes:
+    with _TRIM_LOCK:
+        free = heap_free_bytes()
+        if keep_bytes > 0 and free is not None and free <= _free_after_trim + keep_bytes:
+            return
         trim(0)
+        _free_after_trim = heap_free_bytes() or 0
+
+
+_TRIM_LOCK = threading.Lock()
+#: free heap bytes right after the last trim: none of it resident then
+_free_after_trim = 0
 
 
 class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (2.33+): every field a size_t

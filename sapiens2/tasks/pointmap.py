@@ -80,8 +80,8 @@ class PointmapResult(TaskResult):
         returns their paths. ``rendered``: an image already rendered (e.g. with the viewer's
         options) to write as the PNG instead of a fresh default ``render()``.
 
-        ``later``: leave the full-resolution mesh out (at 12 MP its two files are ~0.7 GB and the
-        largest part of a request's time) and write instead what :func:`full_mesh_files` makes
+        ``later``: leave the full-resolution mesh out (at 12 MP its two files are up to ~1 GB, more
+        than the rest of the request's files) and write instead what :func:`full_mesh_files` makes
         them from when asked: the app's way (its "full-resolution mesh" button)."""
         from ..export import safe_path, write_glb, write_npy, write_ply, write_png
         from ..mesh import write_mesh_glb, write_mesh_ply
