@@ -12,8 +12,10 @@ from pathlib import Path
 
 from ..errors import ResultNotFoundError
 
-#: a request folder's name (128 random bits), alone or inside a path or URL of one of its files
-_FOLDER = re.compile(r"(?<![0-9A-Za-z])req-([0-9a-f]{32})(?![0-9A-Za-z])")
+#: a request folder's name: this prefix, then 128 random bits in hex
+PREFIX, TOKEN_BYTES = "req-", 16
+#: that name, alone or inside a path or URL of one of the folder's files
+_FOLDER = re.compile(rf"(?<![0-9A-Za-z]){PREFIX}([0-9a-f]{{{2 * TOKEN_BYTES}}})(?![0-9A-Za-z])")
 #: the longest reference :meth:`RequestFolders.find` reads (a URL of a file of the result)
 MAX_REF_CHARS = 4096
 
@@ -21,7 +23,7 @@ MAX_REF_CHARS = 4096
 def result_id(text: str) -> str | None:
     """The one request folder name (``req-<32 hex digits>``) that ``text`` holds, else None."""
     ids = set(_FOLDER.findall(text))
-    return f"req-{ids.pop()}" if len(ids) == 1 else None
+    return f"{PREFIX}{ids.pop()}" if len(ids) == 1 else None
 
 
 class RequestFolders:
@@ -39,7 +41,7 @@ class RequestFolders:
     def new(self) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         self.prune()
-        folder = self.root / f"req-{secrets.token_hex(16)}"
+        folder = self.root / f"{PREFIX}{secrets.token_hex(TOKEN_BYTES)}"
         folder.mkdir(mode=0o700)
         return folder
 
@@ -76,7 +78,7 @@ class RequestFolders:
                 return 0
             self._last_prune = now
         removed = 0
-        for folder in self.root.glob("req-*"):
+        for folder in self.root.glob(f"{PREFIX}*"):
             try:
                 if now - folder.stat().st_mtime > self.max_age_s:
                     shutil.rmtree(folder, ignore_errors=True)

@@ -136,8 +136,8 @@ def present(
     stages = stages or Stages()
     task = registry.get(result.info.task)
     args = task.render_args(render_opts)
-    if later and task.on_demand:
-        args = {**args, "later": True}
+    # the on-demand files are the save's business only (render never sees the flag)
+    save_args = {**args, "later": True} if later and task.on_demand else args
     # The render runs alone: its cv2 calls use cv2's own threads, which a concurrent cv2 call
     # from another thread would take (cv2 then runs one of them single-threaded).
     with stages.timed("render"):
@@ -146,7 +146,8 @@ def present(
     with ThreadPoolExecutor(WRITE_WORKERS, thread_name_prefix="sapiens2-write") as pool:
         with stages.timed("downloads"), deferred_writes(pool):  # leaving waits for every file
             files = [
-                Path(p) for p in result.save(Path(out_dir), rendered=after, **accepted(result.save, args))
+                Path(p)
+                for p in result.save(Path(out_dir), rendered=after, **accepted(result.save, save_args))
             ]
             if preview_side is not None:  # after the downloads' jobs: they are waited for first
                 folder = Path(out_dir) / "preview"

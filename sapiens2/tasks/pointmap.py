@@ -10,6 +10,8 @@ segmentation. The device returns the network-resolution float32 pointmap; the re
 
 from __future__ import annotations
 
+import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import ResultNotFoundError
 from ..imaging import Intake
 from ..mesh import PREVIEW_MAX_FACES, GridMesh, finite_points, pixels_where
 from ..network_input import PadInfo, crop_padding
@@ -264,10 +267,6 @@ def full_mesh_files(folder: Path) -> list[Path]:
     there by ``save(..., later=True)``): the same files, byte for byte, that ``save()`` writes at
     once. Files already made are returned as they are; the files only appear complete (written
     under a temporary name first), so two requests at once never see half a file."""
-    import secrets
-    import shutil
-
-    from ..errors import ResultNotFoundError
     from ..export import safe_path
     from ..mesh import grid_mesh, write_mesh_glb, write_mesh_ply
 
