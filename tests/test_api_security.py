@@ -306,12 +306,13 @@ def test_the_mesh_endpoint_takes_only_a_result_of_this_server(server: Server, up
         if isinstance(ref, dict):  # a file where a string goes: Gradio refuses it before we see it
             continue
         assert data["title"] == "Result not found", (ref, data)
-    assert sorted(p.name.split("_", 1)[-1] for p in folder.iterdir() if p.is_file() and "mesh" in p.name) == [
-        "mesh_preview.glb"
-    ]  # nothing was made by the refused calls
+    assert sorted(
+        p.name.split("_", 1)[-1] for p in folder.iterdir() if p.name.endswith((".glb", ".ply"))
+    ) == ["mesh_preview.glb", "pointcloud.glb"]  # nothing was made by the refused calls
     event, data, text = server.call("pointmap_mesh", [url])
     assert event == "complete", text[:300]
-    assert sorted(Path(f["path"]).name.split("_", 1)[-1] for f in data[0]) == ["mesh.glb", "mesh.ply"]
+    made = sorted(Path(f["path"]).name.split("_", 1)[-1] for f in data[0])
+    assert made == ["mesh.glb", "mesh.ply", "pointcloud.ply"]
     assert all(Path(f["path"]).parent == folder for f in data[0])
 
 

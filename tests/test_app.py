@@ -163,10 +163,10 @@ def test_pointmap(client: Client, served) -> None:
     pair, glb, files, line = client.predict(photo(), "0.4b", False, api_name="/pointmap")
     check_slider(pair)
     assert Path(glb).read_bytes()[:4] == b"glTF" and Path(glb).name.endswith("_mesh_preview.glb")
-    check_files(files, {".glb", ".ply", ".npy", ".png"})
+    check_files(files, {".glb", ".npy", ".png"})
     names = {Path(p).name.split("_", 1)[-1] for p in files}
-    assert {"mesh_preview.glb", "pointcloud.glb", "pointcloud.ply"} <= names
-    assert not {"mesh.glb", "mesh.ply"} & names  # the full-resolution mesh: on request
+    assert {"mesh_preview.glb", "pointcloud.glb", "pointmap.npy", "depth.npy", "depth.png"} <= names
+    assert not {"mesh.glb", "mesh.ply", "pointcloud.ply"} & names  # the full-resolution files: on request
     assert line.startswith("pointmap ")
 
 
@@ -178,12 +178,17 @@ def test_the_full_resolution_mesh_is_made_on_request(client: Client, served) -> 
     url = files[0]["url"]  # any file of the result names it
     folder = Path(files[0]["path"]).parent
     made, info = client.predict(url, api_name="/pointmap_mesh")
-    assert sorted(Path(p).name.split("_", 1)[-1] for p in made) == ["mesh.glb", "mesh.ply"]
-    assert info.startswith("pointmap: Full-resolution mesh") and " MB" in info and "make " in info
-    cloud = trimesh.load(next(folder.glob("*_pointcloud.ply")), process=False)
-    glb = next(p for p in made if p.endswith(".glb"))
+    assert [Path(p).name.split("_", 1)[-1] for p in made] == ["mesh.glb", "mesh.ply", "pointcloud.ply"]
+    assert {p.name.split("_", 1)[-1] for p in folder.iterdir()} >= {"mesh.glb", "mesh.ply", "pointcloud.ply"}
+    assert (
+        info.startswith("pointmap: Full-resolution mesh and point cloud")
+        and " MB" in info
+        and "make " in info
+    )
+    glb, mesh_ply, cloud_ply = made
+    cloud = trimesh.load(cloud_ply, process=False)
     [mesh] = trimesh.load(glb, process=False).geometry.values()
-    ply = trimesh.load(next(p for p in made if p.endswith(".ply")), process=False)
+    ply = trimesh.load(mesh_ply, process=False)
     # no segmentation: every finite point is foreground, in the cloud and in the mesh
     assert len(mesh.vertices) == len(ply.vertices) == len(cloud.vertices) > 0
     np.testing.assert_allclose(ply.vertices, cloud.vertices)
@@ -225,7 +230,7 @@ def test_all_tasks(client: Client) -> None:
     check_pose_json(pose[1])
     for pair in (pose[0], seg[0], normal[0], pointmap[0], matting[0], feats[0]):
         check_slider(pair)
-    check_files(pointmap[2], {".glb", ".ply"})
+    check_files(pointmap[2], {".glb", ".npy"})
 
 
 def test_unreadable_file_is_an_error_with_the_reason(client: Client, tmp_path) -> None:

@@ -99,8 +99,8 @@ def test_every_tab_renders_and_an_example_runs(app_url: str, tmp_path_factory) -
 
 
 def test_the_pointmap_tab_makes_the_full_resolution_mesh_on_request(app_url: str, tmp_path_factory) -> None:
-    """A visitor's path: an example runs pointmap, then the tab's button makes the mesh files of
-    that result (the hidden id follows the downloads) and lists them with their run info."""
+    """A visitor's path: an example runs pointmap, then the tab's button makes the full-resolution
+    files (mesh GLB + PLY, point cloud PLY) of that result (the hidden id follows the downloads) and lists them with their run info."""
     shots = Path(os.environ.get("SAPIENS2_BROWSER_ARTIFACTS") or tmp_path_factory.mktemp("screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as pw:
@@ -121,10 +121,10 @@ def test_the_pointmap_tab_makes_the_full_resolution_mesh_on_request(app_url: str
             sync_api.expect(button).to_be_enabled(timeout=30_000)
             button.click()
             sync_api.expect(page.locator("#pointmap_mesh-info textarea")).to_have_value(
-                lambda_prefix("pointmap: Full-resolution mesh"), timeout=120_000
+                lambda_prefix("pointmap: Full-resolution mesh and point cloud"), timeout=120_000
             )
             listed = "".join(page.locator("#pointmap_mesh-files").inner_text().split())  # names wrap
-            assert "_mesh.glb" in listed and "_mesh.ply" in listed, listed
+            assert all(f"_{name}" in listed for name in ("mesh.glb", "mesh.ply", "pointcloud.ply")), listed
             page.screenshot(path=str(shots / "pointmap-mesh-on-request.png"), full_page=True)
         finally:
             browser.close()

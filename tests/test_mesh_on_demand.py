@@ -1,5 +1,6 @@
-"""The full-resolution mesh made on request (issue 21): a run in the app leaves it out and keeps
-what makes it; ``full_mesh_files`` then writes the same files, byte for byte, as ``save()``."""
+"""The full-resolution files made on request (issue 21): a run in the app leaves the mesh (GLB, PLY)
+and the point cloud PLY out and keeps what makes them; ``full_resolution_files`` then writes the
+same files, byte for byte, as ``save()``."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from sapiens2.file_writes import deferred_writes
 from sapiens2.serving import RequestFolders
 from sapiens2.tasks import registry
 from sapiens2.tasks.base import RunInfo
-from sapiens2.tasks.pointmap import MESH_SOURCE, PointmapResult, full_mesh_files
+from sapiens2.tasks.pointmap import FULL_SOURCE, PointmapResult, full_resolution_files
 
 
 def result(h: int = 37, w: int = 53, name: str = "me") -> PointmapResult:
@@ -37,25 +38,28 @@ def by_name(paths: list[Path]) -> dict[str, Path]:
     return {Path(p).name: Path(p) for p in paths}
 
 
-def test_later_leaves_the_mesh_out_and_making_it_gives_the_same_bytes(tmp_path: Path) -> None:
+BIG = {"me_mesh.glb", "me_mesh.ply", "me_pointcloud.ply"}
+
+
+def test_later_leaves_the_big_files_out_and_making_them_gives_the_same_bytes(tmp_path: Path) -> None:
     res = result()
     now = by_name(res.save(tmp_path / "now"))
     later_dir = tmp_path / "later"
     with ThreadPoolExecutor(3) as pool, deferred_writes(pool):  # as the app writes them
         later = by_name(res.save(later_dir, later=True))
-    assert {"me_mesh.glb", "me_mesh.ply"} <= set(now)
-    assert not {"me_mesh.glb", "me_mesh.ply"} & set(later)
-    assert set(later) == set(now) - {"me_mesh.glb", "me_mesh.ply"}
+    assert BIG <= set(now)
+    assert not BIG & set(later)
+    assert set(later) == set(now) - BIG
     for name, path in later.items():  # everything else is as before
         assert path.read_bytes() == now[name].read_bytes(), name
-    assert (later_dir / MESH_SOURCE).is_file() and not (tmp_path / "now" / MESH_SOURCE).exists()
+    assert (later_dir / FULL_SOURCE).is_file() and not (tmp_path / "now" / FULL_SOURCE).exists()
 
-    made = full_mesh_files(later_dir)
-    assert [p.name for p in made] == ["me_mesh.glb", "me_mesh.ply"]
+    made = full_resolution_files(later_dir)
+    assert [p.name for p in made] == ["me_mesh.glb", "me_mesh.ply", "me_pointcloud.ply"]
     for path in made:
         assert path.parent == later_dir
         assert path.read_bytes() == now[path.name].read_bytes(), path.name
-    again = full_mesh_files(later_dir)  # made once: the second call returns the same files
+    again = full_resolution_files(later_dir)  # made once: the second call returns the same files
     assert again == made and [p.stat().st_mtime_ns for p in again] == [p.stat().st_mtime_ns for p in made]
     assert not list(later_dir.glob(".making-*"))
 
@@ -68,7 +72,7 @@ def test_two_requests_at_once_both_get_whole_files(tmp_path: Path) -> None:
 
     def make() -> None:
         barrier.wait()
-        out.append(full_mesh_files(tmp_path / "r"))
+        out.append(full_resolution_files(tmp_path / "r"))
 
     threads = [threading.Thread(target=make) for _ in range(2)]
     for t in threads:
@@ -83,16 +87,16 @@ def test_two_requests_at_once_both_get_whole_files(tmp_path: Path) -> None:
 
 def test_a_folder_without_a_pointmap_result_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ResultNotFoundError, match="Run pointmap on the photo first"):
-        full_mesh_files(tmp_path)
-    (tmp_path / MESH_SOURCE).parent.mkdir()
-    (tmp_path / MESH_SOURCE).write_bytes(b"not an npz")
+        full_resolution_files(tmp_path)
+    (tmp_path / FULL_SOURCE).parent.mkdir()
+    (tmp_path / FULL_SOURCE).write_bytes(b"not an npz")
     with pytest.raises(ResultNotFoundError):
-        full_mesh_files(tmp_path)
+        full_resolution_files(tmp_path)
 
 
-def test_the_pointmap_task_declares_its_mesh_on_demand() -> None:
+def test_the_pointmap_task_declares_its_full_resolution_files_on_demand() -> None:
     task, entry = registry.on_demand("pointmap_mesh")
-    assert task.name == "pointmap" and entry.make is full_mesh_files
+    assert task.name == "pointmap" and entry.make is full_resolution_files
     with pytest.raises(Exception, match="No task makes"):
         registry.on_demand("../../etc/passwd")
 
@@ -136,3 +140,17 @@ def test_a_result_is_found_by_its_id_a_path_or_a_url_and_only_under_the_root(tmp
     link.symlink_to(outside)
     with pytest.raises(ResultNotFoundError):
         folders.find(link.name)
+
+
+@pytest.mark.parametrize("max_points", [1, 17, 500, 10_000])
+def test_the_viewer_cloud_is_the_subset_write_glb_picks_from_the_whole_cloud(max_points: int) -> None:
+    from sapiens2.export import subsample
+
+    res = result()
+    res.pointmap[5, 7] = np.nan  # in the mask but not finite: no point
+    pts, cols = res.points()
+    keep = subsample(len(pts), max_points)
+    sampled_pts, sampled_cols = res.sampled_points(max_points)
+    assert len(sampled_pts) == min(max_points, len(pts))
+    np.testing.assert_array_equal(sampled_pts, pts[keep])
+    np.testing.assert_array_equal(sampled_cols, cols[keep])

@@ -15,16 +15,12 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..file_writes import deferred_writes
+from ..file_writes import WRITE_WORKERS, deferred_writes
 from ..tasks import registry
 
 #: Long side of the pictures a page shows: a screen needs no more; downloads keep full size.
 PREVIEW_SIDE = 2048
 PREVIEW_JPEG_QUALITY = 90
-#: Threads writing one result's files (PNG/JPEG encoding and np.save release the GIL): enough for
-#: matting's three PNGs at once. They gain where cores are free; on a CPU already kept busy by
-#: other work they cost a few per cent (cache, page faults) against writing one after another.
-WRITE_WORKERS = 3
 
 
 class Stages:

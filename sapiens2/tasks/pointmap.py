@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,16 @@ class PointmapResult(TaskResult):
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """Foreground points (N, 3) float32 and their image colours (N, 3) uint8, row-major order."""
-        keep = self.mask & finite_points(self.pointmap)
-        return pixels_where(self.pointmap, keep), pixels_where(self.image, keep)
+        return foreground_points(self.pointmap, self.mask, self.image)
+
+    def sampled_points(self, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+        """The points of :meth:`points` that ``export.subsample`` keeps (at most ``max_points``,
+        the viewer's cloud), gathered without the whole cloud (~170 MB at 12 MP)."""
+        from ..export import subsample
+
+        at = np.flatnonzero(self.mask & finite_points(self.pointmap))
+        at = at[subsample(len(at), max_points)]
+        return self.pointmap.reshape(-1, 3)[at], self.image.reshape(-1, 3)[at]
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
@@ -83,10 +92,11 @@ class PointmapResult(TaskResult):
         returns their paths. ``rendered``: an image already rendered (e.g. with the viewer's
         options) to write as the PNG instead of a fresh default ``render()``.
 
-        ``later``: leave the full-resolution mesh out (at 12 MP its two files are up to ~1 GB, more
-        than the rest of the request's files) and write instead what :func:`full_mesh_files` makes
-        them from when asked: the app's way (its "full-resolution mesh" button)."""
-        from ..export import safe_path, write_glb, write_npy, write_ply, write_png
+        ``later``: leave the full-resolution files out (:data:`FULL_RESOLUTION`: at 12 MP the mesh's
+        two files are up to ~1 GB and the point cloud PLY ~190 MB, more than the rest of the
+        request's files) and write instead what :func:`full_resolution_files` makes them from when
+        asked: the app's way (its "full-resolution files" button)."""
+        from ..export import GLB_MAX_POINTS, safe_path, write_glb, write_npy, write_ply, write_png
         from ..mesh import write_mesh_glb, write_mesh_ply
 
         def path(suffix: str) -> Path:
@@ -95,16 +105,19 @@ class PointmapResult(TaskResult):
         # In order; inside file_writes.deferred_writes (as `present` runs it) each call only checks
         # its input and hands the writing to a pool, so the point cloud is written while the
         # mesh's faces are built here, and the big files (~300 MB a mesh file at 12 MP) overlap.
-        pts, cols = self.points()
         files = [
             write_npy(path("_depth.npy"), self.depth),
             write_npy(path("_pointmap.npy"), self.pointmap),
             write_png(path("_depth.png"), self.render() if rendered is None else rendered),
-            write_ply(path("_pointcloud.ply"), pts, cols),
-            write_glb(path("_pointcloud.glb"), pts, cols),  # a subset: the viewer's cloud
         ]
+        if later:  # the viewer's subset only: the same points write_glb picks from the whole cloud
+            pts, cols = self.sampled_points(GLB_MAX_POINTS)
+        else:
+            pts, cols = self.points()
+            files.append(write_ply(path("_pointcloud.ply"), pts, cols))
+        files.append(write_glb(path("_pointcloud.glb"), pts, cols))  # a subset: the viewer's cloud
         if later:
-            keep_mesh_source(Path(out_dir), self)
+            keep_full_source(Path(out_dir), self)
         else:
             full = self.mesh()  # built while the files above are written
             files += [write_mesh_glb(path("_mesh.glb"), full), write_mesh_ply(path("_mesh.ply"), full)]
@@ -239,15 +252,27 @@ class PointmapPipeline(SegMaskedPipeline):
         )
 
 
-# ----------------------------------------------------------------------------- the mesh, later
-
-#: What :func:`full_mesh_files` needs besides ``<name>_pointmap.npy``, kept in the request folder
-#: (not a download): the mask (bits), the photo (the vertex colours), the focal length, the name.
-MESH_SOURCE = Path("on_demand") / "pointmap_mesh.npz"
+# ----------------------------------------------------------------------------- the big files, later
 
 
-def keep_mesh_source(folder: Path, result: PointmapResult) -> Path:
-    """Write :data:`MESH_SOURCE` for ``result`` into ``folder`` (on the pool of an active
+def foreground_points(
+    pointmap: np.ndarray, mask: np.ndarray, image: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The points of ``pointmap`` (H, W, 3) under ``mask`` that are finite, (N, 3) float32, and
+    their ``image`` colours (N, 3) uint8, in row-major order."""
+    keep = mask & finite_points(pointmap)
+    return pixels_where(pointmap, keep), pixels_where(image, keep)
+
+
+#: The files ``save(..., later=True)`` leaves to :func:`full_resolution_files`, in its order.
+FULL_RESOLUTION = ("_mesh.glb", "_mesh.ply", "_pointcloud.ply")
+#: What :func:`full_resolution_files` needs besides ``<name>_pointmap.npy``, kept in the request
+#: folder (not a download): the mask (bits), the photo (the colours), the focal length, the name.
+FULL_SOURCE = Path("on_demand") / "pointmap_full.npz"
+
+
+def keep_full_source(folder: Path, result: PointmapResult) -> Path:
+    """Write :data:`FULL_SOURCE` for ``result`` into ``folder`` (on the pool of an active
     ``deferred_writes``): 1/8 byte a pixel for the mask, 3 for the photo (~38 MB at 12 MP)."""
     from ..file_writes import prepare, write_or_defer
 
@@ -259,37 +284,49 @@ def keep_mesh_source(folder: Path, result: PointmapResult) -> Path:
                 f, mask=mask, image=image, focal_px=np.float64(result.focal_px), name=np.str_(result.name)
             )
 
-    return write_or_defer(prepare(folder / MESH_SOURCE), write)
+    return write_or_defer(prepare(folder / FULL_SOURCE), write)
 
 
-def full_mesh_files(folder: Path) -> list[Path]:
-    """``<name>_mesh.glb`` and ``<name>_mesh.ply`` of the pointmap result in ``folder`` (written
-    there by ``save(..., later=True)``): the same files, byte for byte, that ``save()`` writes at
-    once. Files already made are returned as they are; the files only appear complete (written
-    under a temporary name first), so two requests at once never see half a file."""
-    from ..export import safe_path
+def full_resolution_files(folder: Path) -> list[Path]:
+    """The :data:`FULL_RESOLUTION` files (the full-resolution mesh, GLB and PLY, and the point cloud
+    PLY) of the pointmap result in ``folder`` (written there by ``save(..., later=True)``): the same
+    files, byte for byte, that ``save()`` writes at once. Files already made are returned as they
+    are; the files only appear complete (written under a temporary name first), so two requests
+    at once never see half a file."""
+    from ..export import safe_path, write_ply
+    from ..file_writes import WRITE_WORKERS, deferred_writes
     from ..mesh import grid_mesh, write_mesh_glb, write_mesh_ply
 
-    source = folder / MESH_SOURCE
+    source = folder / FULL_SOURCE
     try:
         with np.load(source, allow_pickle=False) as kept:
             name, focal = str(kept["name"]), float(kept["focal_px"])
             image, bits = kept["image"], kept["mask"]
     except (OSError, KeyError, ValueError) as err:
         raise ResultNotFoundError(
-            "This result has no full-resolution mesh to make (not a pointmap result, or it was "
+            "This result has no full-resolution files to make (not a pointmap result, or it was "
             "made elsewhere). Run pointmap on the photo first."
         ) from err
-    targets = [safe_path(folder, name, "_mesh.glb"), safe_path(folder, name, "_mesh.ply")]
+    targets = [safe_path(folder, name, suffix) for suffix in FULL_RESOLUTION]
     if all(p.is_file() for p in targets):
         return targets
     pointmap = np.load(safe_path(folder, name, "_pointmap.npy"), allow_pickle=False)
     h, w = image.shape[:2]
     mask = np.unpackbits(bits, count=h * w).reshape(h, w).astype(bool)
-    full = grid_mesh(pointmap, mask, image, focal_px=focal)
     work = folder / f".making-{secrets.token_hex(8)}"
     try:
-        made = [write_mesh_glb(work / targets[0].name, full), write_mesh_ply(work / targets[1].name, full)]
+        # side by side, as save() writes them: the cloud is written while the mesh is built
+        with (
+            ThreadPoolExecutor(WRITE_WORKERS, thread_name_prefix="sapiens2-write") as pool,
+            deferred_writes(pool),
+        ):
+            cloud = write_ply(work / targets[2].name, *foreground_points(pointmap, mask, image))
+            full = grid_mesh(pointmap, mask, image, focal_px=focal)
+            made = [
+                write_mesh_glb(work / targets[0].name, full),
+                write_mesh_ply(work / targets[1].name, full),
+                cloud,
+            ]
         for src, dst in zip(made, targets, strict=True):
             Path(src).replace(dst)  # atomic on one file system: a reader sees all or nothing
     finally:
@@ -315,7 +352,7 @@ TASK = Task(
     button="Run pointmap",
     summary="Pointmap / 3D: metric XYZ per pixel, a depth view, a coloured point cloud and mesh.",
     result_label="Depth",
-    downloads="Downloads (point cloud PLY/GLB, mesh preview GLB, depth and XYZ NPY, depth PNG)",
+    downloads="Downloads (point cloud GLB, mesh preview GLB, depth and XYZ NPY, depth PNG)",
     gpu_seconds=_gpu_seconds,
     options=(
         Option(
@@ -331,13 +368,14 @@ TASK = Task(
     on_demand=(
         OnDemand(
             api_name="pointmap_mesh",
-            button="Make the full-resolution mesh (GLB + PLY)",
-            label="Full-resolution mesh (every foreground pixel a vertex)",
+            button="Make the full-resolution mesh and point cloud (GLB + PLY)",
+            label="Full-resolution mesh and point cloud (every foreground pixel a vertex)",
             summary=(
-                "The full-resolution mesh (GLB and PLY, every foreground pixel a vertex) of a pointmap "
-                "result, made on request: pass the result's id or any of its file paths or URLs."
+                "The full-resolution files of a pointmap result, made on request: the mesh (GLB and "
+                "PLY, every foreground pixel a vertex) and the point cloud PLY. Pass the result's id or "
+                "any of its file paths or URLs."
             ),
-            make=full_mesh_files,
+            make=full_resolution_files,
         ),
     ),
     borrows=("seg",),
