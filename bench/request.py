@@ -23,9 +23,11 @@ numbers depend on the machine and on what else runs on it (the load average is p
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -100,6 +102,7 @@ def tiny_model(task: str, device: torch.device, dtype: torch.dtype) -> torch.nn.
         raise SystemExit(f"no tiny checkpoint is defined for {task!r} (tests/tiny_checkpoints.py)")
     if not _TINY_DIR:
         _TINY_DIR.append(Path(tempfile.mkdtemp(prefix="sapiens2-tiny-")))
+        atexit.register(shutil.rmtree, _TINY_DIR[0], True)  # ignore_errors: gone with the process
     folder = _TINY_DIR[0] / task
     if not (folder / "config.json").exists():
         make_tiny_checkpoint(task, folder, seed=list(TINY_TASKS).index(task))

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 )
     finally:
         stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # the request folders: ~0.3 GB a 12 MP pointmap call
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     if args.json:
