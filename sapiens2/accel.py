@@ -13,10 +13,14 @@ Nothing here raises because the machine cannot do something: each compile helper
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import os
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +67,51 @@ def available_cpus() -> int:
     if limit is not None:
         n = min(n, math.ceil(limit))  # a 1.5-CPU quota still runs two threads usefully
     return max(1, n)
+
+
+@functools.cache
+def openmp_function(name: str) -> Callable[[int], int] | None:
+    """``name`` (one int argument, an int result: ``omp_set_num_threads``,
+    ``omp_pause_resource_all``) from the OpenMP runtime torch was built with, None where the
+    process has no such function (another runtime, or none)."""
+    try:
+        fn = getattr(ctypes.CDLL(None), name)  # torch, imported above, loaded the runtime
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def cpu_pool(
+    name: str, initializer: Callable[..., object] | None = None, initargs: tuple = ()
+) -> ThreadPoolExecutor:
+    """The process's pool ``name``: a thread per usable CPU (``sapiens2-<name>-N``, each started
+    with ``initializer(*initargs)``), made on first use. Work that splits into independent pieces
+    runs on it side by side; a piece must never wait for another piece of the same pool."""
+    with _pools_lock:
+        pool = _POOLS.get(name)
+        if pool is None:
+            pool = _POOLS[name] = ThreadPoolExecutor(
+                available_cpus(),
+                thread_name_prefix=f"sapiens2-{name}",
+                initializer=initializer,
+                initargs=initargs,
+            )
+        return pool
+
+
+def _forget_pools() -> None:
+    """In a forked child: the parent's pool threads do not exist there, so it makes its own."""
+    global _pools_lock
+    _POOLS.clear()
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
 
 
 def configure_cpu_threads() -> int:

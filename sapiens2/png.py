@@ -14,12 +14,13 @@ trying every filter on every row, costs more than the compression itself.
 from __future__ import annotations
 
 import struct
-import threading
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
+
+from .accel import cpu_pool
 
 #: Filtered bytes per block: large enough that the per-block cost (a few hundred bytes of output,
 #: one task on the pool) is negligible, small enough that a 12 MP RGB picture splits into ~9.
@@ -32,21 +33,6 @@ _INDEXED = 3  # colour type of a palette picture
 _FILTER_SUB = 1
 _ADLER_BASE = 65521
 _ZLIB_HEADER = b"\x78\x01"  # deflate, 32 KB window, "fastest" level hint; 0x7801 % 31 == 0
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _blocks_pool() -> ThreadPoolExecutor:
-    """One pool per process, a thread per usable CPU. Its jobs never wait on other jobs, so any
-    thread (a write pool's included) may wait on it."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            from .accel import available_cpus
-
-            _pool = ThreadPoolExecutor(available_cpus(), thread_name_prefix="sapiens2-png")
-        return _pool
 
 
 def adler32_combine(first: int, second: int, second_len: int) -> int:
@@ -101,7 +87,7 @@ def png_chunks(image: np.ndarray, palette: np.ndarray | None = None) -> list[byt
     starts = list(range(0, h, per_block))
     jobs: list[Future[tuple[bytes, int, int]]] = []
     if len(starts) > 1:  # the first block runs here, the others on the pool meanwhile
-        pool = _blocks_pool()
+        pool = cpu_pool("png")  # its jobs never wait on other jobs: any thread may wait on them
         jobs = [
             pool.submit(_deflated_block, rows[a : a + per_block], step, a == starts[-1]) for a in starts[1:]
         ]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from sapiens2 import serving
+from sapiens2.accel import openmp_function
 
 ROOT = Path(__file__).resolve().parents[1]
 LINUX = sys.platform.startswith("linux")
@@ -27,7 +28,7 @@ def _threads() -> int:
 
 @pytest.mark.skipif(not LINUX, reason="counts threads in /proc")
 @pytest.mark.skipif(
-    serving.memory._omp_pause() is None, reason="no OpenMP runtime with omp_pause_resource_all"
+    openmp_function("omp_pause_resource_all") is None, reason="no OpenMP runtime with omp_pause_resource_all"
 )
 def test_release_cpu_threads_lets_the_calling_threads_openmp_team_go() -> None:
     threads = torch.get_num_threads()

@@ -180,3 +180,29 @@ def test_write_png_palette_round_trips_and_rejects_bad_input(tmp_path) -> None:
     ]:
         with pytest.raises(InputImageError, match=match):
             export.write_png_palette(tmp_path / "bad.png", bad, pal)
+
+
+def test_the_dense_path_splits_rows_over_single_threaded_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's threads run torch on themselves alone (no OpenMP team per operation) and leave
+    the caller's thread count as it was; with or without them the labels are the same."""
+    pool = seg_module._row_pool()
+    if pool is None:
+        pytest.skip("one CPU, or no OpenMP runtime whose thread count can be set per thread")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert {pool.submit(torch.get_num_threads).result() for _ in range(8)} == {1}
+        assert torch.get_num_threads() == 2
+        logits = cases()["random"]
+        compact = SegLogits.from_logits(logits)
+        monkeypatch.setattr(seg_module, "_STEP", {"cpu": 29 * 50, "cuda": 29 * 50})  # several strips
+        used: list[int] = []
+        real = pool.submit
+        monkeypatch.setattr(pool, "submit", lambda *a, **k: used.append(1) or real(*a, **k))
+        split = compact.labels((97, 61), dense=True)
+        assert len(used) >= 2  # the groups ran on the pool
+        monkeypatch.setattr(seg_module, "_row_pool", lambda: None)
+        assert torch.equal(split, compact.labels((97, 61), dense=True))
+        assert torch.equal(split, rule_labels(logits, (97, 61)))
+    finally:
+        torch.set_num_threads(threads)

@@ -98,19 +98,11 @@ def release_cpu_threads() -> None:
     team alive; the next op builds a new one in microseconds. Where no OpenMP runtime offers
     ``omp_pause_resource_all`` this does nothing.
     """
-    pause = _omp_pause()
+    from ..accel import openmp_function
+
+    pause = openmp_function("omp_pause_resource_all")
     if pause is not None:
         pause(1)  # omp_pause_soft: the calling thread's thread pool only (none in a parallel region)
-
-
-@functools.cache
-def _omp_pause() -> Callable[[int], int] | None:
-    import torch  # noqa: F401  (loads the OpenMP runtime torch was built with into the process)
-
-    try:
-        return ctypes.CDLL(None).omp_pause_resource_all
-    except (OSError, AttributeError):
-        return None
 
 
 def free_accelerator_memory() -> None:
