@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .accel import cpu_pool
+from .cpus import cpu_pool
 
 #: Filtered bytes per block: large enough that the per-block cost (a few hundred bytes of output,
 #: one task on the pool) is negligible, small enough that a 12 MP RGB picture splits into ~9.
