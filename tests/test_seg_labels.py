@@ -206,3 +206,39 @@ def test_the_dense_path_splits_rows_over_single_threaded_workers(monkeypatch: py
         assert torch.equal(split, rule_labels(logits, (97, 61)))
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("case", [*cases(), "raw-nan"])
+def test_the_foreground_is_labels_not_background_exactly(case: str, steps: int) -> None:
+    """``foreground`` (the mask normal, pointmap and albedo borrow) skips the argmax on the dense
+    path; it must still be ``labels != 0`` to the pixel: ties go to the background, a NaN to argmax."""
+    if case == "raw-nan":  # NaN logits as a model could return them (the pipeline replaces them first)
+        gen = torch.Generator().manual_seed(5)
+        logits = torch.randn(6, 16, 12, generator=gen)
+        logits[torch.rand(logits.shape, generator=gen) < 0.1] = float("nan")
+    else:
+        logits = cases()[case]
+    compact = SegLogits.from_logits(logits)
+    for out_hw in [*SIZES, tuple(logits.shape[1:])]:
+        for dense in (True, False):
+            expected = compact.labels(out_hw, dense=dense) != 0
+            got = compact.foreground(out_hw, dense=dense)
+            assert got.dtype == torch.bool and torch.equal(got, expected), (case, out_hw, dense)
+        if case != "raw-nan":
+            assert torch.equal(compact.foreground(out_hw), rule_labels(logits, out_hw) != 0)
+
+
+def test_beats_background_gives_ties_to_the_background_and_leaves_nan_to_argmax() -> None:
+    x = torch.tensor(
+        [
+            [
+                [1.0, 1.0, 0.0, -0.0],  # the background class, one value per column
+                [2.0, 1.0, 0.0, 0.0],  # a tie in columns 1-3 (-0.0 == 0.0)
+                [0.0, 0.0, -1.0, 0.0],
+            ]
+        ]
+    )  # (1, C=3, w=4)
+    assert seg_module._beats_background(x).tolist() == [[True, False, False, False]]
+    assert torch.equal(seg_module._beats_background(x), x.argmax(1) != 0)
+    x[0, 1, 0] = float("nan")
+    assert seg_module._beats_background(x) is None

@@ -93,6 +93,17 @@ def _argmax(x: torch.Tensor, dim: int, work: torch.Tensor | None = None) -> torc
     return hit.amax(dim).mul_(-scale).add_(c - 1).to(torch.uint8)
 
 
+def _beats_background(x: torch.Tensor) -> torch.Tensor | None:
+    """(n, C, w) -> (n, w) bool: ``x.argmax(1) != 0``, i.e. some class after the first is strictly
+    larger than the first (argmax gives ties to the first index); None where a NaN could decide
+    (argmax picks the first NaN), for the caller to take the argmax."""
+    rest = x[:, 1:].amax(1)
+    first = x[:, 0]
+    if bool(rest.isnan().any()) or bool(first.isnan().any()):
+        return None
+    return rest > first
+
+
 def _buffer(n: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(n, dtype=like.dtype, device=like.device)
 
@@ -191,6 +202,16 @@ class SegLogits:
         operations, so they agree to the bit: the sparse one visits only the mixed cells'
         pixels; the dense one (``dense=None``: chosen when many cells are mixed, as with a random
         model's salt-and-pepper logits) resizes strips of output rows separably, every pixel."""
+        return self._resized(out_hw, dense, foreground=False)
+
+    def foreground(self, out_hw: tuple[int, int], *, dense: bool | None = None) -> torch.Tensor:
+        """(H, W) bool = ``labels(out_hw) != 0`` (not the background class), exactly, for the
+        tasks that borrow only the person mask. The dense path then skips the argmax: a pixel is
+        foreground when some other class's mixed logit beats the background's (a tie goes to the
+        background, the first class, as argmax has it); strips holding a NaN take the argmax."""
+        return self._resized(out_hw, dense, foreground=True)
+
+    def _resized(self, out_hw: tuple[int, int], dense: bool | None, foreground: bool) -> torch.Tensor:
         h, w = self.low.shape
         out_h, out_w = int(out_hw[0]), int(out_hw[1])
         dev = self.low.device
@@ -199,8 +220,9 @@ class SegLogits:
         if dense is None:
             dense = int(mixed.sum()) >= _DENSE_FROM * mixed.numel()
         if dense:
-            return self._dense_labels(out_h, out_w, mixed, ys, xs)
-        return self._sparse_labels(out_h, out_w, mixed, ys, xs)
+            return self._dense_labels(out_h, out_w, mixed, ys, xs, foreground)
+        labels = self._sparse_labels(out_h, out_w, mixed, ys, xs)
+        return labels != 0 if foreground else labels
 
     def _sparse_labels(
         self, out_h: int, out_w: int, mixed: torch.Tensor, ys: _Axis, xs: _Axis
@@ -255,7 +277,7 @@ class SegLogits:
         return labels
 
     def _dense_labels(
-        self, out_h: int, out_w: int, mixed: torch.Tensor, ys: _Axis, xs: _Axis
+        self, out_h: int, out_w: int, mixed: torch.Tensor, ys: _Axis, xs: _Axis, foreground: bool = False
     ) -> torch.Tensor:
         h, w = self.low.shape
         c = self.values.shape[0]
@@ -270,7 +292,8 @@ class SegLogits:
         src = full.view(c, h, w).transpose(0, 1).contiguous()
         bx, by = 1 - wx, 1 - wy
         every = bool(mixed.all())
-        out = torch.empty((out_h, out_w), dtype=torch.uint8, device=dev)
+        out = torch.empty((out_h, out_w), dtype=torch.bool if foreground else torch.uint8, device=dev)
+        low = self.low != 0 if foreground else self.low
         row = c * out_w  # floats per x-resized source row, and per output row before the argmax
         step = max(1, _STEP.get(dev.type, _STEP["cuda"]) // row)
         first, last = y0.tolist(), y1.tolist()
@@ -306,9 +329,12 @@ class SegLogits:
                 bottom = torch.index_select(rows, 0, y1[a:b] - lo, out=spare[:k].view(b - a, row))
                 top += bottom.mul_(wy[a:b, None])
                 both = top.view(b - a, c, out_w)
-                lab = _argmax(both, 1, both)
+                lab = _beats_background(both) if foreground else None
+                if lab is None:
+                    lab = _argmax(both, 1, both)
+                    lab = lab != 0 if foreground else lab
                 if not every:
-                    lab = torch.where(_pick(mixed, y0[a:b], x0), lab, _pick(self.low, y0[a:b], x0))
+                    lab = torch.where(_pick(mixed, y0[a:b], x0), lab, _pick(low, y0[a:b], x0))
                 out[a:b] = lab
 
         pool = _row_pool() if dev.type == "cpu" else None

@@ -123,7 +123,7 @@ class SegMaskedPipeline(Pipeline):
     @staticmethod
     def foreground(raw: Any, out_hw: tuple[int, int]) -> torch.Tensor | None:
         """(H, W) bool on the CPU, True off the background class; None without segmentation."""
-        return None if raw.seg is None else raw.seg.labels(out_hw) != 0
+        return None if raw.seg is None else raw.seg.foreground(out_hw)
 
 
 def seg_borrowing(

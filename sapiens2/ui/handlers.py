@@ -154,7 +154,7 @@ class Runner:
             announce=gr.Info,
             device_many=device_many(manager),
             preview_side=PREVIEW_SIDE,
-            later=True,  # the full-resolution mesh only when a visitor asks (Task.on_demand)
+            later=True,  # the full-resolution mesh and cloud only when asked (Task.on_demand)
         )
         # Downloads and previews are served from the request folders as they are: Gradio would
         # otherwise hash and copy every output into its cache after each run (hundreds of MB for
