@@ -59,8 +59,7 @@ def pooled_save(res: Any, folder: Path, picture: Any) -> list[Path]:
     """``res.save`` as the app and the CLI run it (``serving.present``): its writes on a pool."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sapiens2.file_writes import deferred_writes
-    from sapiens2.serving.present import WRITE_WORKERS
+    from sapiens2.file_writes import WRITE_WORKERS, deferred_writes
 
     with ThreadPoolExecutor(WRITE_WORKERS) as pool, deferred_writes(pool):
         return res.save(folder, rendered=picture)

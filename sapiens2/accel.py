@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .cpus import _cgroup_cpu_limit, available_cpus  # noqa: F401  (re-exported: accel.available_cpus)
+from .cpus import available_cpus
 from .zoo import INPUT_SIZE
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")

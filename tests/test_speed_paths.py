@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from sapiens2 import accel, network_input
+from sapiens2 import accel, cpus, network_input
 from sapiens2.loading import load_model
 from sapiens2.tasks import pipeline_class, pose_crops
 from sapiens2.tasks.pose_codec import decode_heatmaps
@@ -218,17 +218,17 @@ def test_threads_never_raised_and_env_respected(fresh_threads, monkeypatch) -> N
 
 def test_cgroup_quota(tmp_path) -> None:
     (tmp_path / "cpu.max").write_text("150000 100000\n")
-    assert accel._cgroup_cpu_limit(tmp_path) == 1.5
+    assert cpus._cgroup_cpu_limit(tmp_path) == 1.5
     (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert accel._cgroup_cpu_limit(tmp_path) is None
+    assert cpus._cgroup_cpu_limit(tmp_path) is None
     (tmp_path / "cpu.max").unlink()
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("200000")
     (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000")
-    assert accel._cgroup_cpu_limit(tmp_path) == 2.0
+    assert cpus._cgroup_cpu_limit(tmp_path) == 2.0
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1")
-    assert accel._cgroup_cpu_limit(tmp_path) is None
-    assert accel._cgroup_cpu_limit(tmp_path / "missing") is None
+    assert cpus._cgroup_cpu_limit(tmp_path) is None
+    assert cpus._cgroup_cpu_limit(tmp_path / "missing") is None
     assert accel.available_cpus() >= 1
 
 

@@ -96,8 +96,8 @@ class PointmapResult(TaskResult):
         two files are up to ~1 GB and the point cloud PLY ~190 MB, more than the rest of the
         request's files) and write instead what :func:`full_resolution_files` makes them from when
         asked: the app's way (its "full-resolution files" button)."""
-        from ..export import GLB_MAX_POINTS, safe_path, write_glb, write_npy, write_ply, write_png
-        from ..mesh import write_mesh_glb, write_mesh_ply
+        from ..export import GLB_MAX_POINTS, safe_path, write_glb, write_npy, write_png
+        from ..mesh import write_mesh_glb
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
@@ -110,17 +110,15 @@ class PointmapResult(TaskResult):
             write_npy(path("_pointmap.npy"), self.pointmap),
             write_png(path("_depth.png"), self.render() if rendered is None else rendered),
         ]
-        if later:  # the viewer's subset only: the same points write_glb picks from the whole cloud
-            pts, cols = self.sampled_points(GLB_MAX_POINTS)
-        else:
-            pts, cols = self.points()
-            files.append(write_ply(path("_pointcloud.ply"), pts, cols))
+        # later: the viewer's subset only, the same points write_glb picks from the whole cloud
+        pts, cols = self.sampled_points(GLB_MAX_POINTS) if later else self.points()
         files.append(write_glb(path("_pointcloud.glb"), pts, cols))  # a subset: the viewer's cloud
         if later:
             keep_full_source(Path(out_dir), self)
         else:
-            full = self.mesh()  # built while the files above are written
-            files += [write_mesh_glb(path("_mesh.glb"), full), write_mesh_ply(path("_mesh.ply"), full)]
+            files += write_full_resolution(
+                Path(out_dir), self.name, self.pointmap, self.mask, self.image, self.focal_px, (pts, cols)
+            )
         files.append(write_mesh_glb(path("_mesh_preview.glb"), self.mesh(preview=True)))
         return [Path(p) for p in files]
 
@@ -266,6 +264,30 @@ def foreground_points(
 
 #: The files ``save(..., later=True)`` leaves to :func:`full_resolution_files`, in its order.
 FULL_RESOLUTION = ("_mesh.glb", "_mesh.ply", "_pointcloud.ply")
+
+
+def write_full_resolution(
+    folder: Path,
+    name: str,
+    pointmap: np.ndarray,
+    mask: np.ndarray,
+    image: np.ndarray,
+    focal_px: float,
+    points: tuple[np.ndarray, np.ndarray] | None = None,
+) -> list[Path]:
+    """The :data:`FULL_RESOLUTION` files of a result into ``folder``, in that order: the mesh
+    (:func:`sapiens2.mesh.grid_mesh`) as GLB and PLY, and every foreground point as a PLY.
+    ``points``: :func:`foreground_points` of these arrays, when the caller has them already.
+    Inside ``deferred_writes`` the cloud is written while the mesh is built."""
+    from ..export import safe_path, write_ply
+    from ..mesh import grid_mesh, write_mesh_glb, write_mesh_ply
+
+    glb, ply, cloud = (safe_path(folder, name, suffix) for suffix in FULL_RESOLUTION)
+    write_ply(cloud, *(points if points is not None else foreground_points(pointmap, mask, image)))
+    full = grid_mesh(pointmap, mask, image, focal_px=focal_px)
+    return [write_mesh_glb(glb, full), write_mesh_ply(ply, full), cloud]
+
+
 #: What :func:`full_resolution_files` needs besides ``<name>_pointmap.npy``, kept in the request
 #: folder (not a download): the mask (bits), the photo (the colours), the focal length, the name.
 FULL_SOURCE = Path("on_demand") / "pointmap_full.npz"
@@ -293,9 +315,8 @@ def full_resolution_files(folder: Path) -> list[Path]:
     files, byte for byte, that ``save()`` writes at once. Files already made are returned as they
     are; the files only appear complete (written under a temporary name first), so two requests
     at once never see half a file."""
-    from ..export import safe_path, write_ply
+    from ..export import safe_path
     from ..file_writes import WRITE_WORKERS, deferred_writes
-    from ..mesh import grid_mesh, write_mesh_glb, write_mesh_ply
 
     source = folder / FULL_SOURCE
     try:
@@ -315,18 +336,12 @@ def full_resolution_files(folder: Path) -> list[Path]:
     mask = np.unpackbits(bits, count=h * w).reshape(h, w).astype(bool)
     work = folder / f".making-{secrets.token_hex(8)}"
     try:
-        # side by side, as save() writes them: the cloud is written while the mesh is built
+        # side by side, as save() writes them
         with (
             ThreadPoolExecutor(WRITE_WORKERS, thread_name_prefix="sapiens2-write") as pool,
             deferred_writes(pool),
         ):
-            cloud = write_ply(work / targets[2].name, *foreground_points(pointmap, mask, image))
-            full = grid_mesh(pointmap, mask, image, focal_px=focal)
-            made = [
-                write_mesh_glb(work / targets[0].name, full),
-                write_mesh_ply(work / targets[1].name, full),
-                cloud,
-            ]
+            made = write_full_resolution(work, name, pointmap, mask, image, focal)
         for src, dst in zip(made, targets, strict=True):
             Path(src).replace(dst)  # atomic on one file system: a reader sees all or nothing
     finally:

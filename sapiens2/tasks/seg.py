@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..accel import openmp_function
+from ..cpus import available_cpus, cpu_pool
 from ..errors import OptionError
 from ..imaging import Intake
 from ..metadata import SEG_CLASS_NAMES, SEG_PALETTE, seg_class_ids
@@ -118,9 +120,6 @@ def _row_pool() -> ThreadPoolExecutor | None:
     (this 2-vCPU test machine, often), each join waits for the CPU that is not, and the resize took
     1.1-1.2 s against 0.8 s on one thread and 0.55 s on two in a good period (12 MP, random logits).
     Whole groups of rows on separate threads need no join until the end."""
-    from ..accel import openmp_function
-    from ..cpus import available_cpus, cpu_pool
-
     limit = openmp_function("omp_set_num_threads")
     if available_cpus() < 2 or limit is None:
         return None
@@ -341,9 +340,7 @@ class SegLogits:
         if pool is None or len(strips) < 2:
             resize(strips)
         else:  # the strips in as many consecutive groups as the pool has threads
-            from ..cpus import available_cpus  # the pool's size
-
-            n = min(len(strips), available_cpus())
+            n = min(len(strips), available_cpus())  # the pool's size
             groups = [strips[len(strips) * i // n : len(strips) * (i + 1) // n] for i in range(n)]
             for job in [pool.submit(resize, g) for g in groups]:
                 job.result()
