@@ -23,9 +23,12 @@ from typing import Any
 
 import gradio as gr
 
-from sapiens2 import heap, hub_cache, serving, zerogpu
+from sapiens2.runtime import heap
+from sapiens2.models import hub_cache
+from sapiens2 import serving
+from sapiens2.zerogpu import entry as zerogpu
 from sapiens2.errors import OptionError
-from sapiens2.limits import MAX_FILE_BYTES
+from sapiens2.inputs.limits import MAX_FILE_BYTES
 from sapiens2.tasks import registry
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input
@@ -52,7 +55,7 @@ def build_demo(
     folders: serving.RequestFolders | None = None,
 ) -> gr.Blocks:
     """The whole app as a ``gr.Blocks`` (tests drive exactly this object and its endpoints)."""
-    heap.configure()  # before request threads allocate: they then share one heap (sapiens2/heap.py)
+    heap.configure()  # before request threads allocate: they then share one heap (sapiens2/runtime/heap.py)
     manager = manager or serving.ModelManager(
         checkpoints=serving.checkpoints_from_env(), on_change=zerogpu.resident_changed
     )

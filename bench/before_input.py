@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sapiens2.network_input import PadInfo, normalize, pad_info, to_device  # noqa: E402
-from sapiens2.zoo import INPUT_SIZE  # noqa: E402
+from sapiens2.inputs.network import PadInfo, normalize, pad_info, to_device  # noqa: E402
+from sapiens2.models.zoo import INPUT_SIZE  # noqa: E402
 
 
 def _resize_float(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:

@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from before_input import letterbox, stretch_to  # noqa: E402
 
-from sapiens2.imaging import load_image  # noqa: E402
-from sapiens2.network_input import letterbox_release, network_batch, stretch_release  # noqa: E402
-from sapiens2.zoo import IMAGE_MEAN, IMAGE_STD  # noqa: E402
+from sapiens2.inputs.intake import load_image  # noqa: E402
+from sapiens2.inputs.network import letterbox_release, network_batch, stretch_release  # noqa: E402
+from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD  # noqa: E402
 
 MEAN, STD = np.array(IMAGE_MEAN) * 255, np.array(IMAGE_STD) * 255
 PHOTOS = sorted(p for p in (ROOT / "assets").iterdir() if p.suffix in (".jpg", ".png"))
@@ -72,7 +72,7 @@ def letterbox_shift() -> None:
 def bf16_distinct() -> None:
     from tiny_checkpoints import make_tiny_checkpoint
 
-    from sapiens2.loading import load_model
+    from sapiens2.models.loading import load_model
 
     print("3. distinct values at network resolution: fp32 | all-bf16 (before) | bf16 + fp32 heads (after)")
     x8, _ = letterbox_release(load_image(PHOTOS[0]).work)

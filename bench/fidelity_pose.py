@@ -35,7 +35,7 @@ from before_input import stretch_to  # noqa: E402
 from test_fidelity_pose import grey, people, release_crop  # noqa: E402
 from tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
 
-from sapiens2.imaging import load_image  # noqa: E402
+from sapiens2.inputs.intake import load_image  # noqa: E402
 from sapiens2.tasks.features import FeaturesPipeline, FeaturesRaw  # noqa: E402
 from sapiens2.tasks.pose import PosePipeline  # noqa: E402
 from sapiens2.tasks.pose_crops import crop_people  # noqa: E402

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sapiens2 import load_model  # noqa: E402
-from sapiens2.zoo import ARCHS  # noqa: E402
+from sapiens2.models.zoo import ARCHS  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

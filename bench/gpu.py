@@ -13,7 +13,7 @@ Sections (``--sections``, default all), each a list of figures with value, targe
 * ``memory``: peak GPU memory of a 1080p request per task and size, and the weights.
 * ``zerogpu``: CUDA start-up in a fresh process, pinned host -> device copy rate, sustained bf16
   TFLOP/s (matrix products and a 1b forward), against ``sapiens2.serving.gpu_time``'s constants.
-* ``compile``: ``torch.compile`` (``sapiens2.accel.compile_model``) speed-up and warm-up seconds.
+* ``compile``: ``torch.compile`` (``sapiens2.runtime.accel.compile_model``) speed-up and warm-up seconds.
 
     python bench/gpu.py --json gpu.json                    # on a CUDA machine (10-20 min)
     python bench/gpu.py --device cpu --quick --json q.json # the same code paths on tiny models
@@ -51,12 +51,12 @@ for _p in (ROOT, ROOT / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from sapiens2 import accel  # noqa: E402
-from sapiens2.nn.backbone import fuse_qkv_in_state  # noqa: E402
-from sapiens2.nn.model import build_from_shapes  # noqa: E402
+from sapiens2.models.nn.backbone import fuse_qkv_in_state  # noqa: E402
+from sapiens2.models.nn.model import build_from_shapes  # noqa: E402
+from sapiens2.models.zoo import ARCHS, TASKS  # noqa: E402
+from sapiens2.runtime import accel  # noqa: E402
 from sapiens2.serving import gpu_time  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
-from sapiens2.zoo import ARCHS, TASKS  # noqa: E402
 
 
 def _load_bench(name: str) -> Any:

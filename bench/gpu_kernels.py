@@ -82,7 +82,7 @@ def sdpa_backends(model: Any, batch: int, hw: tuple[int, int]) -> dict[str, floa
 def with_unfused_rms_norm(fn: Any) -> Any:
     """``fn()`` with the backbone's CUDA RMSNorm in its unfused form (a norm reduction, then
     fp32 multiplies), the form used before the fused kernel: a before/after in one run."""
-    from sapiens2.nn import backbone
+    from sapiens2.models.nn import backbone
 
     fused = backbone.F.rms_norm
 

@@ -1,4 +1,4 @@
-"""Peak memory of reading one big photo with ``sapiens2.imaging.load_image``.
+"""Peak memory of reading one big photo with ``sapiens2.inputs.intake.load_image``.
 
 Writes a photo-like JPEG of the given size once (smooth gradients plus sensor-like noise, so its
 byte size is like a camera's), then reads it in a fresh process per case and prints that
@@ -53,7 +53,7 @@ def measure(path: Path, full: bool) -> None:
     """In this process: peak RSS (MiB) before and after one load_image."""
     from PIL import Image
 
-    from sapiens2.imaging import load_image
+    from sapiens2.inputs.intake import load_image
 
     if full:
         Image.MAX_IMAGE_PIXELS = None  # no reduced decode: what a full decode would cost

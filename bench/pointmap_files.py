@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sapiens2 import export, mesh  # noqa: E402
+from sapiens2.outputs import export, mesh  # noqa: E402
 from sapiens2.tasks.base import RunInfo  # noqa: E402
 from sapiens2.tasks.pointmap import PointmapResult  # noqa: E402
 
@@ -59,7 +59,7 @@ def pooled_save(res: Any, folder: Path, picture: Any) -> list[Path]:
     """``res.save`` as the app and the CLI run it (``serving.present``): its writes on a pool."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sapiens2.file_writes import WRITE_WORKERS, deferred_writes
+    from sapiens2.outputs.writers import WRITE_WORKERS, deferred_writes
 
     with ThreadPoolExecutor(WRITE_WORKERS) as pool, deferred_writes(pool):
         return res.save(folder, rendered=picture)

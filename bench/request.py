@@ -43,11 +43,11 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sapiens2 import accel  # noqa: E402
-from sapiens2.loading import load_model  # noqa: E402
+from sapiens2.models.loading import load_model  # noqa: E402
+from sapiens2.models.zoo import ARCHS, TASKS  # noqa: E402
+from sapiens2.runtime import accel  # noqa: E402
 from sapiens2.serving import read_photo  # noqa: E402
 from sapiens2.tasks import pipeline_class  # noqa: E402
-from sapiens2.zoo import ARCHS, TASKS  # noqa: E402
 
 STAGES = ("read", "preprocess", "model", "postprocess", "render", "export")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -83,7 +83,7 @@ def shape_model(task: str, size: str, device: torch.device, dtype: torch.dtype) 
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny_checkpoints import zoo_shapes  # the spec's widths per task and size (test helper)
 
-    from sapiens2.nn.model import build_from_shapes
+    from sapiens2.models.nn.model import build_from_shapes
 
     model, _ = build_from_shapes(zoo_shapes(task, size), device=device)
     return model.to(dtype).eval()

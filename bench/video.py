@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from request import DTYPES, PHOTO, shape_model  # noqa: E402
 
-from sapiens2 import accel  # noqa: E402
+from sapiens2.runtime import accel  # noqa: E402
 from sapiens2.tasks import pipeline_class  # noqa: E402
 from sapiens2.video import VideoLimits, VideoWriter, run_video  # noqa: E402
 from sapiens2.video.runner import staged  # noqa: E402
@@ -54,8 +54,8 @@ OPTIONS = {
 
 def make_clip(path: Path, frames: int, wh: tuple[int, int], fps: float = 25.0) -> Path:
     """The assets photo, cover-resized to wh plus a margin, panning 2 px a frame."""
-    from sapiens2.imaging import load_image
-    from sapiens2.render import cover_resize
+    from sapiens2.inputs.intake import load_image
+    from sapiens2.outputs.render import cover_resize
 
     w, h = wh
     big = cover_resize(load_image(PHOTO).rgb, (h, w + 2 * frames))
@@ -124,8 +124,8 @@ def codec_table(wh: tuple[int, int], frames: int = 30) -> None:
     """Encode time, size and PSNR of the panning clip per codec OpenCV's FFmpeg can open here."""
     import cv2
 
-    from sapiens2.imaging import load_image
-    from sapiens2.render import cover_resize
+    from sapiens2.inputs.intake import load_image
+    from sapiens2.outputs.render import cover_resize
 
     w, h = wh
     big = cover_resize(load_image(PHOTO).rgb, (h, w + 2 * frames))

@@ -75,7 +75,7 @@ def free_port() -> int:
 def serve(folder: Path, threads: int | None = None) -> tuple[Any, str]:
     """The app on tiny checkpoints, served on 127.0.0.1 (as tests/test_app.py does). ``threads``:
     torch's CPU threads; None leaves the app's own choice (``accel.configure_cpu_threads``)."""
-    from sapiens2 import heap
+    from sapiens2.runtime import heap
 
     # as app.py's start does it: before any other thread allocates (writing the checkpoints
     # below starts threads, whose own malloc arenas the one-heap setting would not cover)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         return []
     from gradio_client import Client
 
-    from sapiens2 import heap
+    from sapiens2.runtime import heap
 
     heap.configure()  # the floor's process gets the server's heap settings too
     tmp = Path(tempfile.mkdtemp(prefix="visitor_wait_"))

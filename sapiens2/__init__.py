@@ -17,18 +17,18 @@ from .errors import (
     Sapiens2Error,
     WeightsUnavailableError,
 )
-from .zoo import TASKS, get_task
+from .models.zoo import TASKS, get_task
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it; every task's pipeline class (``sapiens2.PosePipeline``
 # ...) is found through the task registry instead (:func:`_pipeline_classes`)
 _LAZY = {
-    "load_model": ".loading",
-    "describe_checkpoint": ".loading",
-    "load_image": ".imaging",
-    "PersonDetector": ".detect",
-    "detect_people": ".detect",
+    "load_model": ".models.loading",
+    "describe_checkpoint": ".models.loading",
+    "load_image": ".inputs.intake",
+    "PersonDetector": ".inputs.detector",
+    "detect_people": ".inputs.detector",
     "pipeline": ".tasks",
 }
 # short module aliases, e.g. ``sapiens2.pose.decode_heatmaps``

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import heap
 from .errors import Sapiens2Error
-from .options import Option
+from .runtime import heap
 from .tasks import registry
+from .tasks.options import Option
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".jfif", ".heic", ".heif", ".avif"}
@@ -168,7 +168,7 @@ def find_images(inputs: Iterable[str]) -> tuple[list[Path], list[str]]:
 
 def unique_folder(stem: str, taken: set[str]) -> str:
     """A folder name for one image's outputs: its sanitised stem, suffixed -2, -3 ... when taken."""
-    from .export import safe_stem  # the same rule as the exported file names
+    from .outputs.export import safe_stem  # the same rule as the exported file names
 
     base = safe_stem(stem)
     name, k = base, 2
@@ -345,10 +345,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    heap.configure()  # a photo's temporaries reuse pages already touched (sapiens2/heap.py)
+    heap.configure()  # a photo's temporaries reuse pages already touched (sapiens2/runtime/heap.py)
     # Say on stderr when weights are being downloaded (a first use can take minutes); warnings too.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("sapiens2.weights").setLevel(logging.INFO)
+    logging.getLogger("sapiens2.models.weights").setLevel(logging.INFO)
     return run(args)
 
 

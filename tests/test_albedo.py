@@ -22,16 +22,17 @@ sys.path.insert(0, str(ROOT))
 
 from test_fidelity import release_letterbox  # noqa: E402  (albedo is letterboxed as normals)
 
-from sapiens2 import hub_cache, serving  # noqa: E402
+from sapiens2 import serving  # noqa: E402
 from sapiens2.errors import WeightsUnavailableError  # noqa: E402
-from sapiens2.imaging import load_image  # noqa: E402
-from sapiens2.loading import load_model  # noqa: E402
-from sapiens2.nn.model import arch_from_shapes  # noqa: E402
-from sapiens2.nn.outputs import DenseOutput, SegOutput  # noqa: E402
+from sapiens2.inputs.intake import load_image  # noqa: E402
+from sapiens2.models import hub_cache  # noqa: E402
+from sapiens2.models.loading import load_model  # noqa: E402
+from sapiens2.models.nn.model import arch_from_shapes  # noqa: E402
+from sapiens2.models.nn.outputs import DenseOutput, SegOutput  # noqa: E402
+from sapiens2.models.zoo import TASKS  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
 from sapiens2.tasks.albedo import AlbedoPipeline  # noqa: E402
 from sapiens2.tasks.seg import SegPipeline  # noqa: E402
-from sapiens2.zoo import TASKS  # noqa: E402
 
 NET_H, NET_W = 1024, 768
 

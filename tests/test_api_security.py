@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))  # app.py lives at the top level
 pytest.importorskip("gradio")
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
-from sapiens2.limits import MAX_FILE_BYTES  # noqa: E402
+from sapiens2.inputs.limits import MAX_FILE_BYTES  # noqa: E402
 from sapiens2.ui.inputs import NOT_UPLOADED, NOT_UPLOADED_CLIP  # noqa: E402
 
 EXAMPLE = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"  # small: 640x426

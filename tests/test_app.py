@@ -25,7 +25,7 @@ from gradio_client import Client, handle_file  # noqa: E402
 
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
-from sapiens2.metadata import NUM_KEYPOINTS  # noqa: E402
+from sapiens2.data.metadata import NUM_KEYPOINTS  # noqa: E402
 
 PHOTO = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"  # small: 640x426
 PHOTO_WH = Image.open(PHOTO).size

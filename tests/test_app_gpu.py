@@ -24,12 +24,13 @@ import pytest
 from test_api_security import EXAMPLE, META, Server, free_port
 
 import app
-from sapiens2 import serving, zerogpu
+from sapiens2 import serving
 from sapiens2.errors import ResidencyError
 from sapiens2.tasks import registry
 from sapiens2.ui import gpu
 from sapiens2.ui.handlers import all_parameters
 from sapiens2.ui.layout import MODELS
+from sapiens2.zerogpu import entry as zerogpu
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import pytest
 import torch
 from tiny_checkpoints import TASK_NAMES
 
-from sapiens2 import accel
-from sapiens2.loading import load_model
+from sapiens2.models.loading import load_model
+from sapiens2.runtime import accel
 from sapiens2.tasks import pipeline_class
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ import sapiens2
 from sapiens2 import serving
 from sapiens2.__main__ import main
 from sapiens2.errors import CheckpointError, OptionError
-from sapiens2.loading import checkpoint_size_conflict
+from sapiens2.models.loading import checkpoint_size_conflict
 
 
 @pytest.fixture

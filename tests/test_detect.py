@@ -12,9 +12,9 @@ import torch
 from forking import expect_child_success
 from safetensors.torch import load_file, save_file
 
-from sapiens2 import detect
-from sapiens2.detect import Detections, PersonDetector, detect_people, nms, resize_shape
 from sapiens2.errors import CheckpointError, InputImageError, OptionError
+from sapiens2.inputs import detector as detect
+from sapiens2.inputs.detector import Detections, PersonDetector, detect_people, nms, resize_shape
 
 LABELS = {0: "N/A", 1: "person", 2: "car"}  # DETR's COCO map starts the same way: 0 unused, 1 person
 SMALL = {"shortest_edge": 160, "longest_edge": 240}  # a small network input keeps most tests fast

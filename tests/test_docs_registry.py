@@ -11,9 +11,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sapiens2 import hub_cache  # noqa: E402
+from sapiens2.models import hub_cache  # noqa: E402
+from sapiens2.models.zoo import DETECTOR, TASKS  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
-from sapiens2.zoo import DETECTOR, TASKS  # noqa: E402
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 USAGE = (ROOT / "docs" / "USAGE.md").read_text(encoding="utf-8")

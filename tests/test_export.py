@@ -15,9 +15,7 @@ import pytest
 import trimesh
 from PIL import Image
 
-from sapiens2 import export
-from sapiens2.errors import InputImageError, OptionError
-from sapiens2.metadata import (
+from sapiens2.data.metadata import (
     BODY25_NAMES,
     COCO17_INDEX,
     COCO17_NAMES,
@@ -25,6 +23,9 @@ from sapiens2.metadata import (
     NUM_KEYPOINTS,
     keypoint_index,
 )
+from sapiens2.errors import InputImageError, OptionError
+from sapiens2.outputs import export
+from sapiens2.outputs.writers import deferred_writes
 
 # ---------------------------------------------------------------- names and paths
 
@@ -114,7 +115,7 @@ def _some_files(out: Path) -> list[Path]:
 
 def test_deferred_writes_give_the_sequential_files_in_the_same_order(tmp_path: Path) -> None:
     one_by_one = _some_files(tmp_path / "seq")
-    with ThreadPoolExecutor(3) as pool, export.deferred_writes(pool) as jobs:
+    with ThreadPoolExecutor(3) as pool, deferred_writes(pool) as jobs:
         side_by_side = _some_files(tmp_path / "pool")
         assert len(jobs) == len(side_by_side)  # every write went to the pool
     assert [p.name for p in side_by_side] == [p.name for p in one_by_one]
@@ -126,7 +127,7 @@ def test_deferred_writes_give_the_sequential_files_in_the_same_order(tmp_path: P
 def test_deferred_writes_belong_to_the_thread_that_opened_them(tmp_path: Path) -> None:
     """Another request's thread writes as usual while this one defers (a ContextVar)."""
     elsewhere: list[Path] = []
-    with ThreadPoolExecutor(2) as pool, export.deferred_writes(pool) as jobs:
+    with ThreadPoolExecutor(2) as pool, deferred_writes(pool) as jobs:
         other = threading.Thread(
             target=lambda: elsewhere.append(export.write_png(tmp_path / "o.png", np.zeros((4, 4), np.uint8)))
         )
@@ -150,17 +151,17 @@ def test_deferred_write_errors_are_those_of_a_sequential_run(tmp_path: Path) -> 
     with pytest.raises(IsADirectoryError) as sequential:
         save()
     with pytest.raises(IsADirectoryError) as deferred:
-        with ThreadPoolExecutor(3) as pool, export.deferred_writes(pool):
+        with ThreadPoolExecutor(3) as pool, deferred_writes(pool):
             save()
     assert Path(deferred.value.filename).name == Path(sequential.value.filename).name == "first.png"
     # the block's own error after a failed write: the write's error, as a sequential run gives
     with pytest.raises(IsADirectoryError):
-        with ThreadPoolExecutor(3) as pool, export.deferred_writes(pool):
+        with ThreadPoolExecutor(3) as pool, deferred_writes(pool):
             export.write_png(tmp_path / "first.png", big)
             export.write_png(tmp_path / "bad.png", np.zeros((2, 2), np.float32))  # InputImageError
     # the block's own error when every write so far went well; those writes are finished by then
     with pytest.raises(InputImageError, match="uint8/uint16"):
-        with ThreadPoolExecutor(3) as pool, export.deferred_writes(pool):
+        with ThreadPoolExecutor(3) as pool, deferred_writes(pool):
             export.write_png(tmp_path / "fine.png", big)
             export.write_png(tmp_path / "bad.png", np.zeros((2, 2), np.float32))
     assert (np.asarray(Image.open(tmp_path / "fine.png")) == big).all()
@@ -275,7 +276,7 @@ def test_ply_parses_back_with_expected_count_and_values(tmp_path: Path) -> None:
 def test_cloud_files_do_not_depend_on_the_writers_chunk_size(tmp_path: Path, monkeypatch) -> None:
     """The writers pack arrays in chunks of ``plyglb.CHUNK_ROWS`` rows: any chunk size (here
     one that splits the arrays unevenly) writes the same bytes."""
-    from sapiens2 import plyglb
+    from sapiens2.outputs import plyglb
 
     rng = np.random.default_rng(4)
     pts = rng.normal(size=(50, 3)).astype(np.float32)

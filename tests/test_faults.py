@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import one_request  # noqa: E402
 
-import sapiens2.loading  # noqa: E402
-import sapiens2.weights  # noqa: E402
+import sapiens2.models.loading  # noqa: E402
+import sapiens2.models.weights  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 from sapiens2.errors import CheckpointError, WeightsUnavailableError  # noqa: E402
 from sapiens2.tasks import pipeline  # noqa: E402
@@ -60,7 +60,7 @@ def quick_factory(task: str, size: str | None, **kwargs: Any) -> Any:
 def resolving_factory(task: str, size: str | None, **kwargs: Any) -> Any:
     """Finds the weights the way production does ($SAPIENS2_CHECKPOINTS, then the Hub cache or a
     download) but loads whatever tiny model it finds there, whatever size was asked for."""
-    path = sapiens2.loading.resolve_checkpoint(task, size)
+    path = sapiens2.models.loading.resolve_checkpoint(task, size)
     return quick_factory(task, None, **{**kwargs, "checkpoint": path})
 
 
@@ -93,14 +93,14 @@ def runner(app_module, manager: serving.ModelManager, tmp_path: Path):
 
 def test_concurrent_first_requests_load_the_model_once(tiny_checkpoints, monkeypatch) -> None:
     calls: list[float] = []
-    real = sapiens2.loading.load_model
+    real = sapiens2.models.loading.load_model
 
     def slow_load(*args: Any, **kwargs: Any) -> Any:
         calls.append(time.perf_counter())
         time.sleep(0.3)  # a real load takes seconds: every request arrives while it runs
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sapiens2.loading, "load_model", slow_load)
+    monkeypatch.setattr(sapiens2.models.loading, "load_model", slow_load)
     manager = serving.ModelManager(
         device="cpu", checkpoints={"seg": tiny_checkpoints["seg"]}, factory=quick_factory
     )
@@ -195,7 +195,7 @@ def test_hub_timeout_is_a_clear_error_and_the_next_request_succeeds(
     monkeypatch.delenv("SAPIENS2_CHECKPOINTS", raising=False)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", _timeout_like_huggingface_hub)
     # the Hub answers sapiens2's quick probe, then times out on the download itself
-    monkeypatch.setattr(sapiens2.weights, "hub_unreachable", lambda *a, **k: None)
+    monkeypatch.setattr(sapiens2.models.weights, "hub_unreachable", lambda *a, **k: None)
     manager = serving.ModelManager(device="cpu", factory=resolving_factory)
     HUB_CALLS.clear()
     t0 = time.perf_counter()

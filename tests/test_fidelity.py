@@ -19,14 +19,14 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from sapiens2.imaging import load_image
-from sapiens2.loading import load_model
-from sapiens2.nn.outputs import MattingOutput, NormalOutput, PointmapOutput, SegOutput
+from sapiens2.inputs.intake import load_image
+from sapiens2.models.loading import load_model
+from sapiens2.models.nn.outputs import MattingOutput, NormalOutput, PointmapOutput, SegOutput
+from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
 from sapiens2.tasks.matting import MattingPipeline
 from sapiens2.tasks.normal import NormalPipeline
 from sapiens2.tasks.pointmap import PointmapPipeline
 from sapiens2.tasks.seg import SegLogits, SegPipeline
-from sapiens2.zoo import IMAGE_MEAN, IMAGE_STD
 
 NET_W, NET_H = 768, 1024
 SIZES = [(600, 471), (471, 600), (3400, 4300)]  # (W, H)
@@ -258,7 +258,7 @@ def test_seg_logits_compact_form_is_exact_and_small() -> None:
 def test_bf16_keeps_the_output_resolution(tiny_checkpoints, task: str, name: str, channel: int) -> None:
     """bf16 backbone, fp32 last projection: distinct values at network resolution stay >= 25% of
     fp32's (an all-bf16 model kept ~0.4%: 3449 of 782,619 here), and the values stay close."""
-    from sapiens2.network_input import letterbox_release, network_batch
+    from sapiens2.inputs.network import letterbox_release, network_batch
 
     x8, _ = letterbox_release(photo(600, 471))
     outs = {}

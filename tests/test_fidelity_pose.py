@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from sapiens2.detect import detect_people
-from sapiens2.imaging import load_image
-from sapiens2.metadata import FLIP_INDEX, NUM_KEYPOINTS
+from sapiens2.data.metadata import FLIP_INDEX, NUM_KEYPOINTS
+from sapiens2.inputs.detector import detect_people
+from sapiens2.inputs.intake import load_image
+from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
 from sapiens2.tasks.features import FeaturesPipeline
 from sapiens2.tasks.pose import TASK, PosePipeline, PosePrep, PoseRaw
 from sapiens2.tasks.pose_codec import decode_heatmaps
 from sapiens2.tasks.pose_crops import crop_people
-from sapiens2.zoo import IMAGE_MEAN, IMAGE_STD
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 IN_H, IN_W = 1024, 768

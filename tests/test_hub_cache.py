@@ -1,4 +1,4 @@
-"""sapiens2.hub_cache: pruning a fake Hugging Face cache keeps the defaults and the most recently
+"""sapiens2.models.hub_cache: pruning a fake Hugging Face cache keeps the defaults and the most recently
 used sizes, never touches other repos, skips broken entries; the Space card's preload list."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from tiny_checkpoints import place_hf_cache
 
-from sapiens2 import hub_cache, weights
-from sapiens2.zoo import TASKS
+from sapiens2.models import hub_cache, weights
+from sapiens2.models.zoo import TASKS
 
 
 def _repo_dir(cache: Path, repo_id: str) -> Path:

@@ -27,7 +27,7 @@ FAST_S = 5.0
 RESOLVE = """
 import json, logging, sys, time
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-from sapiens2.loading import resolve_checkpoint
+from sapiens2.models.loading import resolve_checkpoint
 t0 = time.monotonic()
 try:
     out = {"path": str(resolve_checkpoint(sys.argv[1], sys.argv[2]))}
@@ -152,7 +152,9 @@ def test_a_real_download_shows_progress(tmp_path: Path, tiny_checkpoints: dict[s
     path = Path(got["path"])
     assert path.name == "sapiens2_0.4b_pose.safetensors" and path.read_bytes() == handler.payload
     assert str(tmp_path / "cache") in got["path"]
-    said = "sapiens2.weights: downloading sapiens2_0.4b_pose.safetensors from facebook/sapiens2-pose-0.4b"
+    said = (
+        "sapiens2.models.weights: downloading sapiens2_0.4b_pose.safetensors from facebook/sapiens2-pose-0.4b"
+    )
     assert said in got["stderr"]  # before the first byte, whatever the terminal
     bar = [
         line

@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from sapiens2 import imaging
 from sapiens2.errors import InputImageError, OptionError
-from sapiens2.imaging import Intake, load_image
-from sapiens2.network_input import (
+from sapiens2.inputs import intake as imaging
+from sapiens2.inputs.intake import Intake, load_image
+from sapiens2.inputs.network import (
     PadInfo,
     crop_padding,
     letterbox_release,
@@ -28,6 +28,7 @@ from sapiens2.network_input import (
     resize_hwc,
     resize_to,
 )
+from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
 from sapiens2.tasks.pose_crops import (
     apply_affine,
     box_to_center_scale,
@@ -35,7 +36,6 @@ from sapiens2.tasks.pose_crops import (
     inverse_warp_matrix,
     warp_matrix,
 )
-from sapiens2.zoo import IMAGE_MEAN, IMAGE_STD
 
 MEAN = np.array(IMAGE_MEAN) * 255
 STD = np.array(IMAGE_STD) * 255

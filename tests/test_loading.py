@@ -13,8 +13,8 @@ from tiny_checkpoints import place_hf_cache, place_release_layout, write_header_
 
 import sapiens2
 from sapiens2.errors import CheckpointError, OptionError, WeightsUnavailableError
-from sapiens2.loading import resolve_checkpoint
-from sapiens2.nn.outputs import FeaturesOutput, PoseOutput
+from sapiens2.models.loading import resolve_checkpoint
+from sapiens2.models.nn.outputs import FeaturesOutput, PoseOutput
 
 
 @pytest.fixture
@@ -240,7 +240,7 @@ def test_device_failure_does_not_blame_the_file(tiny_checkpoints) -> None:
 def test_load_reads_on_cpu_and_reports_progress(tiny_checkpoints, monkeypatch) -> None:
     """One tqdm bar per load, counting the checkpoint's bytes (what gr.Progress(track_tqdm=True)
     and the CLI show); safetensors is opened on the CPU (CUDA targets: tests/test_zerogpu.py)."""
-    import sapiens2.loading as loading
+    import sapiens2.models.loading as loading
 
     bars: list[dict] = []
 
@@ -307,7 +307,7 @@ def test_disk_full_download_says_so(offline_hub: Path, monkeypatch, error) -> No
 
 
 def test_disk_full_error_helper_for_other_writes(tmp_path: Path) -> None:
-    from sapiens2.weights import disk_full_error
+    from sapiens2.models.weights import disk_full_error
 
     wrapped = RuntimeError("export failed")
     wrapped.__cause__ = OSError(28, "No space left on device")
@@ -321,7 +321,7 @@ def test_downloads_are_announced_and_cache_hits_marked_used(
 ) -> None:
     import huggingface_hub
 
-    from sapiens2 import weights
+    from sapiens2.models import weights
 
     monkeypatch.setattr(weights, "_DOWNLOAD_LISTENERS", [])
     heard: list[Path] = []

@@ -1,4 +1,4 @@
-"""The mesh from a pointmap (sapiens2.mesh) and the pointmap task's mesh files."""
+"""The mesh from a pointmap (sapiens2.outputs.mesh) and the pointmap task's mesh files."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import trimesh
 
-from sapiens2 import mesh as M
 from sapiens2.errors import InputImageError, OptionError
+from sapiens2.outputs import mesh as M
 
 F = 500.0  # focal length in pixels of the synthetic camera
 
@@ -112,7 +112,7 @@ def _cut_mesh() -> M.GridMesh:
 def test_glb_and_ply_hold_exactly_the_mesh_arrays(tmp_path: Path, monkeypatch, chunk_rows) -> None:
     """Read back by trimesh: the same vertices (glTF frame in the GLB), faces and colours, bit
     for bit, also when the writers pack the arrays in many small chunks."""
-    from sapiens2 import plyglb
+    from sapiens2.outputs import plyglb
 
     if chunk_rows:
         monkeypatch.setattr(plyglb, "CHUNK_ROWS", chunk_rows)

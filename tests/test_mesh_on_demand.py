@@ -13,7 +13,7 @@ import pytest
 from test_mesh import F, colours, plane_pointmap
 
 from sapiens2.errors import ResultNotFoundError
-from sapiens2.file_writes import deferred_writes
+from sapiens2.outputs.writers import deferred_writes
 from sapiens2.serving import RequestFolders
 from sapiens2.tasks import registry
 from sapiens2.tasks.base import RunInfo
@@ -144,7 +144,7 @@ def test_a_result_is_found_by_its_id_a_path_or_a_url_and_only_under_the_root(tmp
 
 @pytest.mark.parametrize("max_points", [1, 17, 500, 10_000])
 def test_the_viewer_cloud_is_the_subset_write_glb_picks_from_the_whole_cloud(max_points: int) -> None:
-    from sapiens2.export import subsample
+    from sapiens2.outputs.export import subsample
 
     res = result()
     res.pointmap[5, 7] = np.nan  # in the mask but not finite: no point

@@ -12,8 +12,8 @@ from tiny_checkpoints import TASK_NAMES, make_tiny_model, write_header_only, zoo
 
 import sapiens2
 from sapiens2.errors import InputImageError
-from sapiens2.nn.model import arch_from_shapes, build_from_shapes
-from sapiens2.zoo import ARCHS
+from sapiens2.models.nn.model import arch_from_shapes, build_from_shapes
+from sapiens2.models.zoo import ARCHS
 
 # Non-square everywhere (6x4 patch grid); the pointmap scale MLP is sized for its config's
 # image_size, so its parity model is built for 256x192 (grid 16x12 -> 8x6 -> 4x3 -> 2x2).
@@ -289,7 +289,7 @@ def _release_rope(x: torch.Tensor, h: int, w: int, prefix: int) -> torch.Tensor:
 
 
 def test_release_rope_is_reproduced_bit_for_bit() -> None:
-    from sapiens2.nn.backbone import RopeTable, apply_rope
+    from sapiens2.models.nn.backbone import RopeTable, apply_rope
 
     h, w, hd, prefix = 6, 4, 16, 9
     g = torch.Generator().manual_seed(4)

@@ -1,12 +1,12 @@
-"""OpenPose COCO-18 JSON and the ControlNet conditioning picture (sapiens2.openpose)."""
+"""OpenPose COCO-18 JSON and the ControlNet conditioning picture (sapiens2.outputs.openpose)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from sapiens2 import openpose as op
-from sapiens2.metadata import NUM_KEYPOINTS, keypoint_index
+from sapiens2.data.metadata import NUM_KEYPOINTS, keypoint_index
+from sapiens2.outputs import openpose as op
 
 # a hand-built person: (x, y) per 308 name; everything else scores 0
 BODY = {

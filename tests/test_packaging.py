@@ -30,8 +30,8 @@ SELF = canonicalize_name(PROJECT["name"])
 DISTRIBUTION = {"PIL": "pillow", "cv2": "opencv-python-headless"}
 #: imports allowed outside sapiens2/ui without being a dependency: each is guarded where it is used
 OPTIONAL = {
-    "spaces": "sapiens2/zerogpu.py uses it only on ZeroGPU (the app extra installs it)",
-    "triton": "sapiens2/accel.py compiles with it only on a CUDA build of torch, which ships it",
+    "spaces": "sapiens2/zerogpu/entry.py uses it only on ZeroGPU (the app extra installs it)",
+    "triton": "sapiens2/runtime/accel.py compiles with it only on a CUDA build of torch, which ships it",
 }
 
 
@@ -170,7 +170,7 @@ def _run(installed: dict[str, object], *cmd: object) -> subprocess.CompletedProc
 def test_fresh_venv_import_works_from_another_folder(installed: dict[str, object]) -> None:
     code = (
         "import sys, json, sapiens2, sapiens2.__main__ as cli\n"
-        "from sapiens2.metadata import KEYPOINT_NAMES, NUM_SEG_CLASSES\n"
+        "from sapiens2.data.metadata import KEYPOINT_NAMES, NUM_SEG_CLASSES\n"
         "cli.build_parser()\n"
         "print(json.dumps({'file': sapiens2.__file__, 'version': sapiens2.__version__,\n"
         "  'tables': [len(KEYPOINT_NAMES), NUM_SEG_CLASSES], 'gradio': 'gradio' in sys.modules}))\n"

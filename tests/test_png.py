@@ -1,4 +1,4 @@
-"""The PNG encoder that deflates blocks of rows side by side (sapiens2.png): every file is a valid
+"""The PNG encoder that deflates blocks of rows side by side (sapiens2.outputs.png): every file is a valid
 PNG (chunk CRCs, one zlib stream with its Adler-32) that decodes to exactly the array given."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sapiens2 import png
-from sapiens2.export import write_png, write_png_palette
-from sapiens2.file_writes import deferred_writes
+from sapiens2.outputs import png
+from sapiens2.outputs.export import write_png, write_png_palette
+from sapiens2.outputs.writers import deferred_writes
 
 
 def chunks(data: bytes) -> list[tuple[bytes, bytes]]:

@@ -1,6 +1,6 @@
 """The process-level settings a server needs: OpenMP teams let go after a request
 (``serving.release_cpu_threads``) and glibc's heap kept across a request's temporaries
-(``sapiens2.heap``). Both are measured on the live process, not assumed."""
+(``sapiens2.runtime.heap``). Both are measured on the live process, not assumed."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sapiens2 import serving
-from sapiens2.accel import openmp_function
+from sapiens2.runtime.accel import openmp_function
 
 ROOT = Path(__file__).resolve().parents[1]
 LINUX = sys.platform.startswith("linux")

@@ -19,12 +19,12 @@ sys.path.insert(0, str(ROOT))
 
 from sapiens2 import serving  # noqa: E402
 from sapiens2.errors import OptionError  # noqa: E402
-from sapiens2.imaging import Intake  # noqa: E402
-from sapiens2.options import Option  # noqa: E402
+from sapiens2.inputs.intake import Intake  # noqa: E402
+from sapiens2.models.zoo import TASKS as ZOO  # noqa: E402
+from sapiens2.models.zoo import TaskSpec  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
 from sapiens2.tasks.base import RunInfo, TaskResult  # noqa: E402
-from sapiens2.zoo import TASKS as ZOO  # noqa: E402
-from sapiens2.zoo import TaskSpec  # noqa: E402
+from sapiens2.tasks.options import Option  # noqa: E402
 
 # ----------------------------------------------------------------------------- a toy task (one file's worth)
 
@@ -38,7 +38,7 @@ class InvertResult(TaskResult):
         return mix.round().astype(np.uint8)
 
     def save(self, out_dir: Path, *, rendered: np.ndarray | None = None) -> list[Path]:
-        from sapiens2.export import safe_path, write_png
+        from sapiens2.outputs.export import safe_path, write_png
 
         return [
             write_png(
@@ -68,7 +68,7 @@ class InvertPipeline:
         return InvertResult(image=intake.rgb, info=info, name=intake.name, inverted=raw)
 
     def __call__(self, image: Any, **opts: Any) -> InvertResult:
-        from sapiens2.imaging import load_image
+        from sapiens2.inputs.intake import load_image
 
         intake = load_image(image)
         return self.finish(self.infer([self.prepare(intake)])[0], intake)
@@ -130,8 +130,8 @@ def test_builtin_tasks_are_declared_in_the_zoo_order_and_shown_when_their_weight
 def test_each_task_module_is_found_and_the_model_layer_reads_the_zoo_rows() -> None:
     import sapiens2
     from sapiens2 import tasks as tasks_pkg
-    from sapiens2.nn import outputs
-    from sapiens2.nn.heads import predictors
+    from sapiens2.models.nn import outputs
+    from sapiens2.models.nn.heads import predictors
 
     for task in registry.declared().values():
         assert task.pipeline.__module__.rsplit(".", 1)[1] in registry.builtin_modules()

@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sapiens2 import render
-from sapiens2.errors import InputImageError, OptionError
-from sapiens2.metadata import (
+from sapiens2.data.metadata import (
     KEYPOINT_COLORS,
     KEYPOINT_GROUPS,
     NUM_KEYPOINTS,
@@ -16,6 +14,8 @@ from sapiens2.metadata import (
     SEG_PALETTE,
     seg_class_ids,
 )
+from sapiens2.errors import InputImageError, OptionError
+from sapiens2.outputs import render
 
 H, W = 120, 160
 
@@ -331,7 +331,7 @@ def test_pca_rgb_recovers_the_leading_component_and_honours_the_mask() -> None:
 def test_depth_colours_in_blocks_of_rows_equal_the_whole_picture_at_once(monkeypatch, block: int) -> None:
     """depth_to_turbo works through blocks of rows (small temporaries); every pixel must get what
     the whole-picture computation gives it, including NaN, negative and masked-out pixels."""
-    from sapiens2 import render as R
+    from sapiens2.outputs import render as R
 
     rng = np.random.default_rng(3)
     depth = (1.5 + 2 * rng.random((41, 53))).astype(np.float32)

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from sapiens2 import export
+from sapiens2.data.metadata import SEG_PALETTE
 from sapiens2.errors import InputImageError
-from sapiens2.metadata import SEG_PALETTE
-from sapiens2.render import colorize_labels, label_ids
+from sapiens2.outputs import export
+from sapiens2.outputs.render import colorize_labels, label_ids
 from sapiens2.tasks import seg as seg_module
 from sapiens2.tasks.seg import SegLogits, SegResult, finite_logits
 

@@ -170,7 +170,7 @@ def test_a_pinning_request_that_waited_for_another_threads_load_pins_it() -> Non
 
 
 def test_pose_requests_warm_the_detector_on_the_managers_device(monkeypatch) -> None:
-    from sapiens2 import detect
+    from sapiens2.inputs import detector as detect
 
     devices: list[object] = []
     monkeypatch.setattr(detect, "_auto_detector", lambda device=None: devices.append(device))
@@ -406,7 +406,7 @@ def _normal_result(h: int = 300, w: int = 400):
 
 @pytest.mark.parametrize("make", [_normal_result, _matting_result])
 def test_present_writes_side_by_side_the_files_a_sequential_save_writes(tmp_path, monkeypatch, make) -> None:
-    from sapiens2 import export
+    from sapiens2.outputs import export
 
     encoders: set[str] = set()
     imencode = export.cv2.imencode

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from sapiens2 import accel, cpus, network_input
-from sapiens2.loading import load_model
+from sapiens2.inputs import network as network_input
+from sapiens2.models.loading import load_model
+from sapiens2.runtime import accel, cpus
 from sapiens2.tasks import pipeline_class, pose_crops
 from sapiens2.tasks.pose_codec import decode_heatmaps
 

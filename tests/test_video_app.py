@@ -36,7 +36,7 @@ from sapiens2.ui.inputs import NOT_UPLOADED_CLIP  # noqa: E402
 from sapiens2.ui.video_tab import APP_VIDEO_LIMITS  # noqa: E402
 from sapiens2.video import TrackingOptions  # noqa: E402
 from sapiens2.video.reader import sniff_video  # noqa: E402
-from sapiens2.zerogpu import DAILY_QUOTA_S, gpu_request  # noqa: E402
+from sapiens2.zerogpu.entry import DAILY_QUOTA_S, gpu_request  # noqa: E402
 
 FRAMES, FPS = 6, 10.0  # the uploaded clip; runs use stride 2: 3 frames at 5 fps
 

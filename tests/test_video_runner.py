@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from video_clips import W, count_frames, find_boxes, write_clip
 
-from sapiens2.detect import Detections
 from sapiens2.errors import InputVideoError, OptionError
-from sapiens2.imaging import Intake
+from sapiens2.inputs.detector import Detections
+from sapiens2.inputs.intake import Intake
 from sapiens2.video import TrackingOptions, VideoLimits, plan_video, run_video
 from sapiens2.video.runner import OneCallPerFrame, staged
 

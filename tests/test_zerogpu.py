@@ -1,4 +1,4 @@
-"""sapiens2.zerogpu: duration arithmetic against the quotas, the GPU entry off and on ZeroGPU
+"""sapiens2.zerogpu.entry: duration arithmetic against the quotas, the GPU entry off and on ZeroGPU
 (spaces' own emulation, in child processes), and the proof that weights load and pack there."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 import torch
 from zerogpu_emulation import run_scenario
 
-from sapiens2 import zerogpu
 from sapiens2.errors import CheckpointError, OptionError, ResidencyError
-from sapiens2.zerogpu import (
+from sapiens2.zerogpu import entry as zerogpu
+from sapiens2.zerogpu.entry import (
     DAILY_QUOTA_S,
     GpuEntry,
     cache_budget_bytes,
@@ -78,8 +78,8 @@ def test_large_runs_are_announced_on_zerogpu_only(monkeypatch) -> None:
 def _packed_at_launch() -> int:
     """bf16 bytes of what the Space preloads (each task's default size on a GPU, borrowed models
     included once) plus DETR, counted as ``serving.gpu_time`` counts weights."""
+    from sapiens2.models.zoo import ARCHS
     from sapiens2.tasks import registry
-    from sapiens2.zoo import ARCHS
 
     sizes = [t.spec.default_size(True) for t in registry.all_tasks().values()]
     return int(sum(2e9 * ARCHS[size].params_b for size in sizes)) + 170_000_000
@@ -209,8 +209,8 @@ def test_only_own_children_are_ended() -> None:
 
 
 def test_a_worker_refuses_to_load(monkeypatch, tiny_checkpoints) -> None:
-    from sapiens2.loading import load_model
-    from sapiens2.weights import load_tensors
+    from sapiens2.models.loading import load_model
+    from sapiens2.models.weights import load_tensors
 
     monkeypatch.setattr(zerogpu, "_in_worker", True)
     with pytest.raises(ResidencyError, match="Refused to load the weights of facebook/sapiens2-pose"):
@@ -375,12 +375,12 @@ def _front_matter() -> dict:
 
 
 def test_space_front_matter_matches_the_code_and_zerogpus_lists() -> None:
-    """README front matter: preload_from_hub equals sapiens2.hub_cache.preload_from_hub() (the
+    """README front matter: preload_from_hub equals sapiens2.models.hub_cache.preload_from_hub() (the
     defaults the app preloads), python_version is on ZeroGPU's list, the gradio version meets
     requirements.txt, and the mcp-server tag comes with gradio[mcp]."""
     from packaging.requirements import Requirement
 
-    from sapiens2 import hub_cache
+    from sapiens2.models import hub_cache
 
     meta = _front_matter()
     assert meta.get("preload_from_hub") == hub_cache.preload_from_hub()
@@ -416,7 +416,7 @@ def test_one_reservation_function_and_its_estimates() -> None:
 
 
 def test_zoo_names_the_1b_4k_pretrain_file_as_the_release_does() -> None:
-    from sapiens2.zoo import get_task
+    from sapiens2.models.zoo import get_task
 
     assert get_task("pretrain").filename("1b-4k") == "sapiens2_1b_4k_pretrain.safetensors"
     assert get_task("pretrain").repo_id("1b-4k") == "facebook/sapiens2-pretrain-1b-4k"

@@ -137,7 +137,7 @@ def make_tiny_checkpoint(task: str, folder: Path, *, seed: int = 0, **overrides:
 
 def all_task_names() -> tuple[str, ...]:
     """Every zoo task (the registry's rows): each has a tiny checkpoint maker here."""
-    from sapiens2.zoo import TASKS
+    from sapiens2.models.zoo import TASKS
 
     missing = set(TASKS) - set(TASK_NAMES) - set(RELEASE_ONLY)
     assert not missing, f"no tiny checkpoint for {sorted(missing)}: add one to tests/tiny_checkpoints.py"
@@ -220,7 +220,7 @@ def _release_only_checkpoint(task: str, folder: Path, seed: int) -> Path:
 def place_release_layout(checkpoint: Path, root: Path, task: str, size: str) -> Path:
     """Copy a tiny checkpoint to ``root/<task>/sapiens2_<size>_<task>.safetensors`` (the layout
     ``$SAPIENS2_CHECKPOINTS`` expects) and return the new file."""
-    from sapiens2.zoo import get_task
+    from sapiens2.models.zoo import get_task
 
     source = _weights_file(checkpoint)
     dest = Path(root) / get_task(task).local_path(size)
@@ -238,7 +238,7 @@ def place_hf_cache(
     ``filename`` defaults to the release's file name; pass ``"model.safetensors"`` for the
     transformers copy. Returns the snapshot path of the file.
     """
-    from sapiens2.zoo import get_task
+    from sapiens2.models.zoo import get_task
 
     spec = get_task(task)
     repo_id = spec.repo_id(size)
@@ -271,10 +271,10 @@ def _weights_file(checkpoint: Path) -> Path:
 def zoo_shapes(task: str, size: str) -> dict[str, tuple[int, ...]]:
     """Tensor shapes of a release checkpoint of ``task``/``size`` (the spec's widths), built on the
     meta device without memory: for size detection and error-message tests at real sizes."""
-    from sapiens2.nn.backbone import BackboneConfig
-    from sapiens2.nn.heads import HeadConfig
-    from sapiens2.nn.model import ArchInfo, Sapiens2FeatureModel, Sapiens2TaskModel
-    from sapiens2.zoo import ARCHS
+    from sapiens2.models.nn.backbone import BackboneConfig
+    from sapiens2.models.nn.heads import HeadConfig
+    from sapiens2.models.nn.model import ArchInfo, Sapiens2FeatureModel, Sapiens2TaskModel
+    from sapiens2.models.zoo import ARCHS
 
     a = ARCHS[size]
     kv = tuple(a.heads if (i < 8 or i >= a.layers - 8) else a.heads // 2 for i in range(a.layers))

@@ -185,7 +185,7 @@ class DeviceApi:
         import httpx
 
         from sapiens2.serving.gpu_time import start_seconds
-        from sapiens2.zerogpu import duration_factor
+        from sapiens2.zerogpu.entry import duration_factor
 
         entry = self._open.pop(allow_token)
         fresh = (self.folder / f"fresh-{allow_token}").exists()
@@ -336,7 +336,7 @@ def checksum(name: str) -> tuple[int, float]:
     holds; a model it does not hold is loaded, which must be refused in a worker."""
     import torch
 
-    from sapiens2.loading import load_model
+    from sapiens2.models.loading import load_model
 
     model = RESIDENT.get(name)
     if model is None:
@@ -355,8 +355,8 @@ def scenario_residency(tmp: Path, checkpoint_a: str, checkpoint_b: str) -> dict[
     import torch
     from safetensors.torch import load_file
 
-    from sapiens2.loading import load_model
-    from sapiens2.zerogpu import GpuEntry, resident_changed
+    from sapiens2.models.loading import load_model
+    from sapiens2.zerogpu.entry import GpuEntry, resident_changed
 
     install_fake_backend()
     CHECKPOINTS.update(a=checkpoint_a, b=checkpoint_b)
@@ -421,9 +421,10 @@ def scenario_app(tmp: Path, checkpoint: str) -> dict[str, Any]:
 
     install_fake_backend()
     import app
-    from sapiens2 import serving, zerogpu
+    from sapiens2 import serving
     from sapiens2.ui import gpu
     from sapiens2.ui.handlers import Runner
+    from sapiens2.zerogpu import entry as zerogpu
 
     manager = serving.ModelManager(
         checkpoints={"pretrain": checkpoint},
@@ -472,10 +473,11 @@ def scenario_quota(tmp: Path, checkpoints_json: str, policy: str, quota: str, *f
     api = DeviceApi(tmp / "device-api", int(quota), policy)
     install_device_api(api)
     import app
-    from sapiens2 import serving, zerogpu
+    from sapiens2 import serving
     from sapiens2.tasks import registry
     from sapiens2.ui.handlers import Runner
     from sapiens2.ui.video_tab import VideoEndpoints
+    from sapiens2.zerogpu import entry as zerogpu
 
     notes: list[str] = []
     _collect_messages(notes)

@@ -16,7 +16,7 @@ Modules: ``cache`` (the model cache and residency), ``runner`` (one request, any
 from __future__ import annotations
 
 from ..errors import OutOfMemoryError
-from ..render import parse_color
+from ..outputs.render import parse_color
 from .cache import CUSTOM, DEFAULT_MAX_MODELS, ModelManager, default_device, pipeline_bytes
 from .checkpoints import CHECKPOINTS_ENV, checkpoints_from_env, parse_checkpoint_specs, task_name
 from .folders import RequestFolders

@@ -4,7 +4,7 @@ It is also where residency is decided: :meth:`ModelManager.prepare` loads, in th
 everything a request will use (the task's model, the models it borrows, the person detector)
 before any GPU function runs; a GPU function then only reads the cache (``load=False``), and
 every change of what is loaded is reported through ``on_change`` (ZeroGPU's worker must be
-refreshed to see it; see ``sapiens2.zerogpu``).
+refreshed to see it; see ``sapiens2.zerogpu.entry``).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .. import zerogpu
 from ..errors import OptionError, ResidencyError, Sapiens2Error
-from ..loadguard import check_loading_allowed
 from ..tasks import registry
-from ..zerogpu import cuda_emulation
+from ..zerogpu import entry as zerogpu
+from ..zerogpu.entry import cuda_emulation
+from ..zerogpu.loadguard import check_loading_allowed
 from .memory import free_accelerator_memory
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class ModelManager:
     beyond ``max_models`` of them or ``max_bytes`` of weights (when given). ``on_change`` is called
     after a model was loaded or dropped (and after the person detector loaded), under the cache's
     lock, so that no request reaches its device call with the old set (ZeroGPU: see
-    ``sapiens2.zerogpu.resident_changed``).
+    ``sapiens2.zerogpu.entry.resident_changed``).
     """
 
     def __init__(
@@ -122,7 +122,7 @@ class ModelManager:
         if name not in self.checkpoints:
             return None
         if name not in self._file_sizes:
-            from ..loading import describe_checkpoint
+            from ..models.loading import describe_checkpoint
 
             try:
                 size = describe_checkpoint(self.checkpoints[name]).get("size")
@@ -161,7 +161,7 @@ class ModelManager:
         if size in (None, ""):
             return
         registry.get(task).spec.check_size(str(size))  # a size that exists nowhere is refused too
-        from ..loading import checkpoint_size_conflict
+        from ..models.loading import checkpoint_size_conflict
 
         conflict = checkpoint_size_conflict(self.checkpoint_size(task), str(size))
         if conflict is not None:
@@ -349,7 +349,7 @@ class ModelManager:
                 pipe = decl.pipeline(real_size, **kwargs)
         log.info("loaded %s %s on %s in %.1f s", task, size, self.device, time.perf_counter() - t0)
         if self.compile:  # skipped with a reason off CUDA and on ZeroGPU; never raises
-            from ..accel import compile_model
+            from ..runtime.accel import compile_model
 
             report = compile_model(pipe.model)
             self.compile_reports[(task, size)] = report

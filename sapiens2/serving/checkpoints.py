@@ -1,7 +1,7 @@
 """Explicit per-task checkpoints for a server: ``pose=/ckpt/pose.safetensors,seg=/ckpt/seg``.
 
 Each file decides its task's model and a chosen size only checks it, as in ``load_model`` and the
-CLI (``sapiens2.loading.checkpoint_size_conflict``; ``ModelManager`` applies it per request)."""
+CLI (``sapiens2.models.loading.checkpoint_size_conflict``; ``ModelManager`` applies it per request)."""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from ..models.zoo import ARCHS
 from ..tasks import registry
-from ..zerogpu import DAILY_QUOTA_S, duration_factor
-from ..zoo import ARCHS
+from ..zerogpu.entry import DAILY_QUOTA_S, duration_factor
 
 #: Seconds a fresh worker spends starting CUDA before the first tensor moves. MEASURED: 0.26 s
 #: for a context and a first matrix product in a fresh process on an H100 (import torch not

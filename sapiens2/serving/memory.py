@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import OutOfMemoryError
-from ..zoo import get_task
+from ..models.zoo import get_task
 
 #: Free heap a server keeps mapped between requests. A request's temporaries then find pages the
 #: process already holds instead of the kernel faulting in (zeroing, and for numpy's huge pages
@@ -98,7 +98,7 @@ def release_cpu_threads() -> None:
     team alive; the next op builds a new one in microseconds. Where no OpenMP runtime offers
     ``omp_pause_resource_all`` this does nothing.
     """
-    from ..accel import openmp_function
+    from ..runtime.accel import openmp_function
 
     pause = openmp_function("omp_pause_resource_all")
     if pause is not None:

@@ -15,7 +15,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..file_writes import WRITE_WORKERS, deferred_writes
+from ..outputs.writers import WRITE_WORKERS, deferred_writes
 from ..tasks import registry
 
 #: Long side of the pictures a page shows: a screen needs no more; downloads keep full size.

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GpuUnavailableError, InputImageError, OutOfMemoryError, Sapiens2Error
-from ..imaging import Intake
-from ..loadguard import loading_forbidden
+from ..inputs.intake import Intake
 from ..tasks import registry
 from ..tasks.base import finish_batch, prepare_batch
-from ..zerogpu import cost_notice, gpu_request
+from ..zerogpu.entry import cost_notice, gpu_request
+from ..zerogpu.loadguard import loading_forbidden
 from .cache import ModelManager
 from .folders import RequestFolders
 from .gpu_time import reservation, weight_bytes, work_seconds
@@ -44,7 +44,7 @@ def read_photo(source: Any) -> Intake:
     """Read the request's photo once (EXIF-upright, size-checked) for every task that uses it.
 
     Raises InputImageError with the reason (empty, not an image, too large ...)."""
-    from ..imaging import load_image
+    from ..inputs.intake import load_image
 
     if source is None or (isinstance(source, str) and not source.strip()):
         raise InputImageError("No photo given: upload one, take one with the webcam or paste one.")
@@ -58,7 +58,7 @@ def run_on_device(
 
     Never loads: a missing model is a ResidencyError. An out-of-memory error trims the cache and
     becomes OutOfMemoryError with advice. Package errors are plain exceptions here; the app's GPU
-    entry (``sapiens2.zerogpu.GpuEntry``) carries them across ZeroGPU's worker boundary intact."""
+    entry (``sapiens2.zerogpu.entry.GpuEntry``) carries them across ZeroGPU's worker boundary intact."""
     with loading_forbidden():
         pipe = manager.get(task, size, load=False)
         try:

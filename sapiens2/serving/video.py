@@ -24,14 +24,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import GpuUnavailableError, InputVideoError, OptionError, Sapiens2Error
-from ..loadguard import loading_forbidden
+from ..models.zoo import ARCHS
 from ..tasks import registry
 from ..tasks.registry import forward_seconds
 from ..video.handlers import TrackingOptions, handler_class
 from ..video.reader import VideoLimits
 from ..video.runner import VideoPlan, VideoResult, iter_video, plan_video
-from ..zerogpu import cost_notice, gpu_request
-from ..zoo import ARCHS
+from ..zerogpu.entry import cost_notice, gpu_request
+from ..zerogpu.loadguard import loading_forbidden
 from .cache import CUSTOM, ModelManager
 from .folders import RequestFolders
 from .gpu_time import MAX_CALL_S, reservation, start_seconds, weight_bytes

@@ -4,7 +4,7 @@ The release ships it (``sapiens/dense/configs/albedo``, ``tools/vis/vis_albedo.p
 weights are not on the Hub, so the zoo row says ``on_hub=False``: the task shows only where a
 checkpoint is found (``--checkpoint albedo=PATH`` or the release's layout under
 ``$SAPIENS2_CHECKPOINTS``). Its head is the normal head with a channel RMSNorm (read from the
-checkpoint's shapes by ``sapiens2.nn.heads``).
+checkpoint's shapes by ``sapiens2.models.nn.heads``).
 
 As in the release: the input is letterboxed exactly as for normals; the output is clamped to
 [0, 1], the padding cropped, the result resized bilinearly (``align_corners=False``) to the
@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from ..imaging import Intake
-from ..network_input import crop_padding, resize_to
-from ..options import Option
-from ..zoo import get_task
+from ..inputs.intake import Intake
+from ..inputs.network import crop_padding, resize_to
+from ..models.zoo import get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from .options import Option
 from .registry import Task, Video
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline, seg_borrowing
@@ -55,7 +55,7 @@ class AlbedoResult(TaskResult):
     def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
         """Writes ``<name>_albedo.png``, ``<name>_albedo.npy`` (float16, (H, W, 3) in [0, 1]) and,
         with a mask, ``<name>_albedo_mask.png``; ``rendered`` replaces the default PNG."""
-        from ..export import safe_path, write_npy, write_png
+        from ..outputs.export import safe_path, write_npy, write_png
 
         paths = [
             write_png(

@@ -8,7 +8,7 @@ CPU. ``pipeline(image, **options)`` runs the three in one go. ``result.render(..
 ``result.save(dir)`` run on the CPU afterwards and never touch the model.
 
 Shared steps: ``_prepare(image)`` reads any accepted input (path, bytes, PIL, numpy or an
-already-made :class:`~sapiens2.imaging.Intake`, so one upload can feed several pipelines) into an
+already-made :class:`~sapiens2.inputs.intake.Intake`, so one upload can feed several pipelines) into an
 upright original plus the working copy inference uses (long side <= ``max_side``);
 ``timed_forward`` runs the model once and adds its synchronised time to ``RunInfo.model_s``;
 pipelines set ``RunInfo.total_s`` from their own start to the CPU arrays being ready.
@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from ..imaging import DEFAULT_MAX_SIDE, ImageSource, Intake, load_image
-from ..zoo import TaskSpec, get_task
+from ..inputs.intake import DEFAULT_MAX_SIDE, ImageSource, Intake, load_image
+from ..models.zoo import TaskSpec, get_task
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Pipeline:
     #: Other multiples of 16 run (faster when smaller) but are outside what the model was trained
     #: on: change it only for models trained at another size, or for quick tests.
     input_hw: tuple[int, int] | None = None
-    #: long-side limit of the working copy (see sapiens2.imaging.load_image); settable per instance
+    #: long-side limit of the working copy (see sapiens2.inputs.intake.load_image); settable per instance
     max_side: int = DEFAULT_MAX_SIDE
 
     def __init__(
@@ -107,7 +107,7 @@ class Pipeline:
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        from ..loading import load_model
+        from ..models.loading import load_model
 
         self.spec: TaskSpec = get_task(self.task)
         if model is None:
@@ -116,7 +116,7 @@ class Pipeline:
         self.size: str | None = getattr(model, "size", size)
         self.device, self.dtype = model_device_dtype(model)
         if self.device.type == "cpu":
-            from ..accel import configure_cpu_threads
+            from ..runtime.accel import configure_cpu_threads
 
             configure_cpu_threads()  # once per process; only ever lowers an oversubscribed count
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..imaging import Intake
-from ..network_input import PadInfo, network_batch
+from ..inputs.intake import Intake
+from ..inputs.network import PadInfo, network_batch
 from .base import Pipeline, RunInfo
 
 #: Inputs per forward inside one ``infer`` (a video batch of 32 frames runs as 4 forwards), so the

@@ -13,10 +13,10 @@ import cv2
 import numpy as np
 import torch
 
-from .. import network_input
 from ..errors import OptionError
-from ..imaging import Intake
-from ..zoo import get_task
+from ..inputs import network as network_input
+from ..inputs.intake import Intake
+from ..models.zoo import get_task
 from .base import Pipeline, RunInfo, TaskResult
 from .registry import Compare, Task, View, forward_seconds
 
@@ -30,7 +30,7 @@ class FeaturesResult(TaskResult):
 
     def render(self) -> np.ndarray:
         """The patch features' first three principal components as RGB, at the original size."""
-        from ..render import pca_rgb
+        from ..outputs.render import pca_rgb
 
         return pca_rgb(self.patch_features, self.image.shape[:2])
 
@@ -43,7 +43,7 @@ class FeaturesResult(TaskResult):
         """Writes ``<name>_embedding.npy`` (D,) and ``<name>_features_pca.png``; returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
-        from ..export import safe_path, write_npy, write_png
+        from ..outputs.export import safe_path, write_npy, write_png
 
         paths = [
             write_npy(safe_path(out_dir, self.name, "_embedding.npy"), self.embedding),

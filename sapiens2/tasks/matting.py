@@ -16,13 +16,13 @@ import numpy as np
 import torch
 
 from ..errors import InputImageError
-from ..imaging import Intake, load_image
-from ..network_input import resize_hwc, stretch_antialiased
-from ..options import Option
-from ..render import CHROMA_GREEN
-from ..zoo import get_task
+from ..inputs.intake import Intake, load_image
+from ..inputs.network import resize_hwc, stretch_antialiased
+from ..models.zoo import get_task
+from ..outputs.render import CHROMA_GREEN
 from .base import Pipeline, TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from .options import Option
 from .registry import Task, Video, forward_seconds
 
 
@@ -36,13 +36,13 @@ class MattingResult(TaskResult):
     def render(self, *, background: Any = CHROMA_GREEN) -> np.ndarray:
         """The person over ``background``: an (r, g, b) tuple or '#rrggbb' (default chroma green
         (0, 177, 64)), or an image of any size and mode (resized to cover, centre-cropped)."""
-        from ..render import composite
+        from ..outputs.render import composite
 
         return composite(self.foreground, self.alpha, background)
 
     def cutout(self) -> np.ndarray:
         """(H, W, 4) uint8 RGBA: the predicted foreground colours (un-premultiplied) and alpha."""
-        from ..export import rgba_cutout
+        from ..outputs.export import rgba_cutout
 
         return rgba_cutout(self.foreground, self.alpha)
 
@@ -52,7 +52,7 @@ class MattingResult(TaskResult):
         """Writes ``<name>_cutout.png`` (RGBA), ``<name>_alpha.png`` (grey, alpha x 255) and
         ``<name>_composite.png`` (over ``background``); returns their paths. ``rendered``: a
         composite already made (e.g. with the viewer's background) to write instead."""
-        from ..export import safe_path, write_png
+        from ..outputs.export import safe_path, write_png
 
         alpha8 = np.clip(self.alpha * 255.0 + 0.5, 0, 255).astype(np.uint8)
         paths = [

@@ -17,12 +17,12 @@ import cv2
 import numpy as np
 
 from ..errors import OptionError
-from ..imaging import Intake
-from ..network_input import crop_padding, resize_hwc
-from ..options import Option
-from ..zoo import get_task
+from ..inputs.intake import Intake
+from ..inputs.network import crop_padding, resize_hwc
+from ..models.zoo import get_task
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from .options import Option
 from .registry import Task, Video
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline, seg_borrowing
@@ -60,7 +60,7 @@ class NormalResult(TaskResult):
     def render(self, *, background: str = "black") -> np.ndarray:
         """RGB = (n + 1) / 2 * 255 (x->R, y->G, z->B); ``background`` ("black" or "photo") shows
         outside the mask (everywhere the normal is valid when there is no mask)."""
-        from ..render import normals_to_rgb
+        from ..outputs.render import normals_to_rgb
 
         if background not in ("black", "photo"):
             raise OptionError(f"background must be 'black' or 'photo'; got {background!r}.")
@@ -72,8 +72,8 @@ class NormalResult(TaskResult):
         mask, ``<name>_normal_mask.png``; returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
-        from ..export import safe_path, write_npy, write_png
-        from ..render import finite_f32
+        from ..outputs.export import safe_path, write_npy, write_png
+        from ..outputs.render import finite_f32
 
         paths = [  # finite_f32: NaN/inf -> 0, copying only when there is one (finish never makes any)
             write_npy(safe_path(out_dir, self.name, "_normal.npy"), finite_f32(self.normals), np.float16),

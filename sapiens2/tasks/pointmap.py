@@ -23,13 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ResultNotFoundError
-from ..imaging import Intake
-from ..mesh import PREVIEW_MAX_FACES, GridMesh, finite_points, pixels_where
-from ..network_input import PadInfo, crop_padding
-from ..options import Option
-from ..zoo import POINTMAP_CANONICAL_FOCAL, get_task
+from ..inputs.intake import Intake
+from ..inputs.network import PadInfo, crop_padding
+from ..models.zoo import POINTMAP_CANONICAL_FOCAL, get_task
+from ..outputs.mesh import PREVIEW_MAX_FACES, GridMesh, finite_points, pixels_where
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from .options import Option
 from .registry import OnDemand, Task, Video, View
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline, seg_borrowing
@@ -54,7 +54,7 @@ class PointmapResult(TaskResult):
     def render(self) -> np.ndarray:
         """Turbo colours of inverse depth on the foreground (bounds: 1st/99th percentile of its
         depth), grey (100) elsewhere."""
-        from ..render import depth_to_turbo
+        from ..outputs.render import depth_to_turbo
 
         return depth_to_turbo(self.depth, self.mask, percentiles=(1.0, 99.0), background=100)
 
@@ -65,7 +65,7 @@ class PointmapResult(TaskResult):
     def sampled_points(self, max_points: int) -> tuple[np.ndarray, np.ndarray]:
         """The points of :meth:`points` that ``export.subsample`` keeps (at most ``max_points``,
         the viewer's cloud), gathered without the whole cloud (~170 MB at 12 MP)."""
-        from ..export import subsample
+        from ..outputs.export import subsample
 
         at = np.flatnonzero(self.mask & finite_points(self.pointmap))
         at = at[subsample(len(at), max_points)]
@@ -88,7 +88,7 @@ class PointmapResult(TaskResult):
         (the render), ``<name>_pointcloud.ply`` (every foreground point, image colours),
         ``<name>_pointcloud.glb`` (a subset of at most ``export.GLB_MAX_POINTS``, glTF frame),
         ``<name>_mesh_preview.glb`` (the decimated mesh the 3D viewer shows) and
-        ``<name>_mesh.glb`` and ``<name>_mesh.ply`` (the full-resolution mesh, :mod:`sapiens2.mesh`);
+        ``<name>_mesh.glb`` and ``<name>_mesh.ply`` (the full-resolution mesh, :mod:`sapiens2.outputs.mesh`);
         returns their paths. ``rendered``: an image already rendered (e.g. with the viewer's
         options) to write as the PNG instead of a fresh default ``render()``.
 
@@ -96,8 +96,8 @@ class PointmapResult(TaskResult):
         two files are up to ~1 GB and the point cloud PLY ~190 MB, more than the rest of the
         request's files) and write instead what :func:`full_resolution_files` makes them from when
         asked: the app's way (its "full-resolution files" button)."""
-        from ..export import GLB_MAX_POINTS, safe_path, write_glb, write_npy, write_png
-        from ..mesh import write_mesh_glb
+        from ..outputs.export import GLB_MAX_POINTS, safe_path, write_glb, write_npy, write_png
+        from ..outputs.mesh import write_mesh_glb
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
@@ -123,10 +123,10 @@ class PointmapResult(TaskResult):
         return [Path(p) for p in files]
 
     def mesh(self, *, preview: bool = False) -> GridMesh:
-        """The foreground as a triangle mesh (:func:`sapiens2.mesh.grid_mesh`; vertices = the
+        """The foreground as a triangle mesh (:func:`sapiens2.outputs.mesh.grid_mesh`; vertices = the
         foreground points in :meth:`points` order), or with ``preview`` the decimated copy of at
         most ``mesh.PREVIEW_MAX_FACES`` faces."""
-        from ..mesh import grid_mesh, preview_mesh
+        from ..outputs.mesh import grid_mesh, preview_mesh
 
         build = preview_mesh if preview else grid_mesh
         return build(self.pointmap, self.mask, self.image, focal_px=self.focal_px)
@@ -276,11 +276,11 @@ def write_full_resolution(
     points: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> list[Path]:
     """The :data:`FULL_RESOLUTION` files of a result into ``folder``, in that order: the mesh
-    (:func:`sapiens2.mesh.grid_mesh`) as GLB and PLY, and every foreground point as a PLY.
+    (:func:`sapiens2.outputs.mesh.grid_mesh`) as GLB and PLY, and every foreground point as a PLY.
     ``points``: :func:`foreground_points` of these arrays, when the caller has them already.
     Inside ``deferred_writes`` the cloud is written while the mesh is built."""
-    from ..export import safe_path, write_ply
-    from ..mesh import grid_mesh, write_mesh_glb, write_mesh_ply
+    from ..outputs.export import safe_path, write_ply
+    from ..outputs.mesh import grid_mesh, write_mesh_glb, write_mesh_ply
 
     glb, ply, cloud = (safe_path(folder, name, suffix) for suffix in FULL_RESOLUTION)
     write_ply(cloud, *(points if points is not None else foreground_points(pointmap, mask, image)))
@@ -296,7 +296,7 @@ FULL_SOURCE = Path("on_demand") / "pointmap_full.npz"
 def keep_full_source(folder: Path, result: PointmapResult) -> Path:
     """Write :data:`FULL_SOURCE` for ``result`` into ``folder`` (on the pool of an active
     ``deferred_writes``): 1/8 byte a pixel for the mask, 3 for the photo (~38 MB at 12 MP)."""
-    from ..file_writes import prepare, write_or_defer
+    from ..outputs.writers import prepare, write_or_defer
 
     mask, image = np.packbits(result.mask, axis=None), result.image
 
@@ -315,8 +315,8 @@ def full_resolution_files(folder: Path) -> list[Path]:
     files, byte for byte, that ``save()`` writes at once. Files already made are returned as they
     are; the files only appear complete (written under a temporary name first), so two requests
     at once never see half a file."""
-    from ..export import safe_path
-    from ..file_writes import WRITE_WORKERS, deferred_writes
+    from ..outputs.export import safe_path
+    from ..outputs.writers import WRITE_WORKERS, deferred_writes
 
     source = folder / FULL_SOURCE
     try:

@@ -25,19 +25,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .. import network_input
+from ..data.metadata import FLIP_INDEX, NUM_KEYPOINTS
 from ..errors import OptionError
-from ..imaging import ImageSource, Intake
-from ..metadata import FLIP_INDEX, NUM_KEYPOINTS
-from ..options import Option
-from ..zoo import get_task
+from ..inputs import network as network_input
+from ..inputs.intake import ImageSource, Intake
+from ..models.zoo import get_task
 from .base import Pipeline, RunInfo, TaskResult
+from .options import Option
 from .pose_codec import decode_checked, decode_heatmaps, flip_back, heatmap_to_crop, merge_flip
 from .pose_crops import CropInfo, apply_affine, crop_geometry, crop_people, warp_crops
 from .registry import Switch, Task, Video, View, forward_seconds
 
 if TYPE_CHECKING:
-    from ..detect import Detections
+    from ..inputs.detector import Detections
 
 __all__ = ["PosePipeline", "PosePrep", "PoseRaw", "PoseResult", "decode_heatmaps", "flip_back", "merge_flip"]
 
@@ -67,7 +67,7 @@ class PoseResult(TaskResult):
         show_boxes: bool = False,
     ) -> np.ndarray:
         """The photo with skeletons (links, then points) for keypoints scoring >= ``threshold``."""
-        from ..render import draw_pose
+        from ..outputs.render import draw_pose
 
         return draw_pose(
             self.image,
@@ -81,7 +81,7 @@ class PoseResult(TaskResult):
 
     def to_dict(self) -> dict[str, Any]:
         """The 308-point JSON (names, x, y, score per person) plus how the people were found."""
-        from ..export import pose_json
+        from ..outputs.export import pose_json
 
         out = pose_json(
             self.keypoints, self.scores, self.boxes, image_size=self._wh(), box_scores=self.box_scores
@@ -101,13 +101,13 @@ class PoseResult(TaskResult):
     ) -> list[Path]:
         """Writes ``<name>_pose.json`` (308 named points), ``<name>_coco17.json``,
         ``<name>_openpose_body25.json``, ``<name>_openpose_coco18.json`` (body + hands,
-        :mod:`sapiens2.openpose`), ``<name>_openpose.png`` (the ControlNet conditioning picture) and
+        :mod:`sapiens2.outputs.openpose`), ``<name>_openpose.png`` (the ControlNet conditioning picture) and
         ``<name>_pose.png`` (the rendering); returns the paths. ``threshold`` decides which points
         COCO/OpenPose mark as detected (and the conditioning picture draws). ``rendered``: an image
         already rendered (e.g. with the viewer's options) to write as the PNG instead of a fresh
         ``render(threshold=threshold)``."""
-        from ..export import coco17_json, openpose_body25_json, safe_path, write_json, write_png
-        from ..openpose import openpose_coco18_json
+        from ..outputs.export import coco17_json, openpose_body25_json, safe_path, write_json, write_png
+        from ..outputs.openpose import openpose_coco18_json
 
         kp, sc, wh = self.keypoints, self.scores, self._wh()
         picture = self.render(threshold=threshold) if rendered is None else rendered
@@ -141,7 +141,7 @@ class PoseResult(TaskResult):
 
     def openpose(self, *, threshold: float = 0.3) -> np.ndarray:
         """The ControlNet OpenPose conditioning picture at the photo's size (body + hands on black)."""
-        from ..openpose import draw_openpose
+        from ..outputs.openpose import draw_openpose
 
         return draw_openpose(self.keypoints, self.scores, self.image.shape[:2], threshold=threshold)
 
@@ -184,7 +184,7 @@ class PosePipeline(Pipeline):
 
     ``detector`` is how people are found when the call gives no boxes: ``"auto"`` (the shared
     DETR; the whole image when its weights are missing), ``None`` (whole image), a
-    :class:`sapiens2.detect.PersonDetector`, or any callable ``f(rgb) -> boxes | (boxes, scores)
+    :class:`sapiens2.inputs.detector.PersonDetector`, or any callable ``f(rgb) -> boxes | (boxes, scores)
     | Detections`` working in the pixels of the image it is given.
 
     Stages: :meth:`prepare` (CPU: checks, caller boxes, the pixels the crops need), :meth:`infer`
@@ -241,7 +241,7 @@ class PosePipeline(Pipeline):
     ) -> PosePrep:
         """The device step's input: caller boxes checked and clipped (OptionError when unusable),
         and the uint8 pixels the device step needs (see :class:`PosePrep`)."""
-        from ..detect import detect_people
+        from ..inputs.detector import detect_people
 
         self._flip_test(flip_test)
         work = intake.work
@@ -313,7 +313,7 @@ class PosePipeline(Pipeline):
         return x, crop_geometry(boxes, self.network_hw)
 
     def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
-        from ..detect import Detections, detect_people
+        from ..inputs.detector import Detections, detect_people
 
         if prep.boxes is not None:
             return Detections(prep.boxes, np.ones(len(prep.boxes), np.float32), "caller", len(prep.boxes))
@@ -391,14 +391,14 @@ def _merged(*lists: list[str]) -> list[str]:
 
 
 def _warm_detector(device: str) -> bool:
-    from ..detect import warm_detector
+    from ..inputs.detector import warm_detector
 
     return warm_detector(device)
 
 
 def _video_detect(pipe: Any, infer_opts: Mapping[str, Any]) -> Any:
     """The clip's person detection, as a photo's: the pipeline's detector, threshold and cap."""
-    from ..detect import detect_people
+    from ..inputs.detector import detect_people
 
     def detect(rgb: np.ndarray) -> Detections:
         return detect_people(

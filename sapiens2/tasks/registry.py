@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .. import options as opts
 from ..errors import OptionError
-from ..zoo import ARCHS, TaskSpec
-from ..zoo import TASKS as ZOO
+from ..models.zoo import ARCHS, TaskSpec
+from ..models.zoo import TASKS as ZOO
+from . import options as opts
 
 #: Modules of this package known to hold machinery, not a task (not even imported by the scan; any
 #: other module without a ``TASK`` is skipped too).
-_NOT_TASKS = frozenset({"base", "dense", "registry", "pose_codec", "pose_crops", "seg_borrow"})
+_NOT_TASKS = frozenset({"base", "dense", "options", "registry", "pose_codec", "pose_crops", "seg_borrow"})
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ TASK_CHECKPOINTS_ENV = "SAPIENS2_TASK_CHECKPOINTS"
 def local_checkpoint_found(spec: TaskSpec) -> bool:
     """A checkpoint for ``spec`` is named in ``$SAPIENS2_TASK_CHECKPOINTS`` and exists, or one of
     its sizes sits in the release's layout under ``$SAPIENS2_CHECKPOINTS``."""
-    from ..weights import local_root
+    from ..models.weights import local_root
 
     for item in os.environ.get(TASK_CHECKPOINTS_ENV, "").split(","):
         task, sep, path = item.partition("=")
@@ -273,7 +273,7 @@ def get(name: str) -> Task:
 
 
 def register(task: Task) -> Task:
-    """Add a task (after the built-ins); its zoo row joins ``sapiens2.zoo.TASKS`` when new."""
+    """Add a task (after the built-ins); its zoo row joins ``sapiens2.models.zoo.TASKS`` when new."""
     _load_builtin()
     with _lock:
         taken = {t.api_name for t in _tasks.values()} | set(_tasks)

@@ -20,17 +20,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..accel import openmp_function
-from ..cpus import available_cpus, cpu_pool
+from ..data.metadata import SEG_CLASS_NAMES, SEG_PALETTE, seg_class_ids
 from ..errors import OptionError
-from ..imaging import Intake
-from ..metadata import SEG_CLASS_NAMES, SEG_PALETTE, seg_class_ids
-from ..network_input import stretch_release
-from ..options import Option
-from ..render import blend_segmentation, class_shares, label_ids, segmentation_legend
-from ..zoo import get_task
+from ..inputs.intake import Intake
+from ..inputs.network import stretch_release
+from ..models.zoo import get_task
+from ..outputs.render import blend_segmentation, class_shares, label_ids, segmentation_legend
+from ..runtime.accel import openmp_function
+from ..runtime.cpus import available_cpus, cpu_pool
 from .base import Pipeline, TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result
+from .options import Option
 from .registry import Task, Video, View, forward_seconds
 
 # finite stand-ins for non-finite logits: a NaN class must never win the argmax
@@ -357,7 +357,7 @@ def finite_logits(logits: torch.Tensor, notices: list[str]) -> torch.Tensor:
 
 def _as_boxes(boxes: Any) -> np.ndarray:
     """Person boxes (P, 4) as float64 x1, y1, x2, y2 in original-image pixels."""
-    from ..detect import as_boxes
+    from ..inputs.detector import as_boxes
 
     return as_boxes(boxes, dtype=np.float64)
 
@@ -378,7 +378,7 @@ def person_masks_from_boxes(foreground: torch.Tensor, boxes: np.ndarray) -> torc
 
 @dataclass(kw_only=True)
 class SegResult(TaskResult):
-    """Class id per pixel (0 = background; names in ``sapiens2.metadata.SEG_CLASS_NAMES``)."""
+    """Class id per pixel (0 = background; names in ``sapiens2.data.metadata.SEG_CLASS_NAMES``)."""
 
     labels: np.ndarray  # (H, W) uint8 class ids at the original size
     shares: dict[int, float]  # class id -> fraction of image pixels, only classes present
@@ -410,7 +410,7 @@ class SegResult(TaskResult):
         (palette only) and ``_seg.png`` (blended with the photo); returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
-        from ..export import safe_path, write_npy, write_png, write_png_palette
+        from ..outputs.export import safe_path, write_npy, write_png, write_png_palette
 
         paths = [
             write_png(safe_path(out_dir, self.name, "_seg_labels.png"), self.labels),
@@ -454,7 +454,7 @@ class SegPipeline(Pipeline):
 
         ``boxes`` gives per-person masks (the non-background pixels inside each box; a pixel in
         two boxes belongs to both): (P, 4) x1, y1, x2, y2 in original pixels, a ``Detections``,
-        or ``"detect"`` to run the person detector (``sapiens2.detect.detect_people``)."""
+        or ``"detect"`` to run the person detector (``sapiens2.inputs.detector.detect_people``)."""
         return self.run_stages(image, boxes=boxes)
 
     def prepare(self, intake: Intake, *, boxes: Any = None, **_: Any) -> DensePrep:
@@ -479,7 +479,7 @@ class SegPipeline(Pipeline):
         for raw, logits in zip(raws, self.seg_logits([p.pixels for p in batch], raws), strict=True):
             raw.logits = logits
         if _check_boxes(boxes):
-            from ..detect import detect_people
+            from ..inputs.detector import detect_people
 
             for raw, prep in zip(raws, batch, strict=True):
                 found = detect_people(prep.photo)

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import CheckpointError, OptionError, WeightsUnavailableError
-from ..imaging import Intake
-from ..network_input import letterbox_release, stretch_release
-from ..zoo import get_task
+from ..inputs.intake import Intake
+from ..inputs.network import letterbox_release, stretch_release
+from ..models.zoo import get_task
 from .base import Pipeline
 from .dense import DensePrep
 from .registry import forward_seconds

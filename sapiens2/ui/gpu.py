@@ -1,6 +1,6 @@
 """The app's one GPU entry: the device work of any task, for any number of photos, tasks or frames.
 
-``sapiens2.zerogpu.GpuEntry`` runs it through ``spaces.GPU`` on ZeroGPU as a generator, in a
+``sapiens2.zerogpu.entry.GpuEntry`` runs it through ``spaces.GPU`` on ZeroGPU as a generator, in a
 worker that holds the server's current models (the model cache reports every change), with the
 reservation of ``serving.gpu_time.reservation`` passed as its last argument; elsewhere it is a
 plain call. One call is one GPU admission, whatever it streams back:
@@ -22,7 +22,7 @@ from typing import Any
 from ..serving import DeviceCall, ModelManager
 from ..serving.runner import DeviceMany, many_on_device
 from ..serving.video import DeviceVideo, VideoDeviceCall, run_step, video_on_device
-from ..zerogpu import GpuEntry
+from ..zerogpu.entry import GpuEntry
 
 _MANAGERS: dict[int, ModelManager] = {}
 

@@ -36,9 +36,9 @@ from ..errors import (
     VideoEncodeError,
     WeightsUnavailableError,
 )
-from ..options import Option
 from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, is_out_of_memory
 from ..serving.present import PREVIEW_SIDE, Stages, run_info
+from ..tasks.options import Option
 from ..tasks.registry import OnDemand, Task
 from .gpu import device_call, device_many
 

@@ -1,4 +1,4 @@
-"""The app's file inputs: a file reaches ``sapiens2.imaging`` only if this server received it.
+"""The app's file inputs: a file reaches ``sapiens2.inputs.intake`` only if this server received it.
 
 The rule (issue 11): a file input takes (a) a file Gradio's upload route wrote for this app
 (``POST /gradio_api/upload``; the page uploads this way too), (b) a file this server itself gave
@@ -67,7 +67,7 @@ _CLIPS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def photo_input(**kwargs: Any) -> gr.Image:
-    """A gr.Image (filepath) whose upload reaches ``sapiens2.imaging`` untouched, if it is one.
+    """A gr.Image (filepath) whose upload reaches ``sapiens2.inputs.intake`` untouched, if it is one.
 
     Use it for every file input of the app (the photo, the matting background, the second photo
     of similarity): only then does the rule in the module docstring hold for that input.

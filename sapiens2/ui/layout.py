@@ -14,18 +14,11 @@ from typing import Any
 import gradio as gr
 from gradio.context import Context, get_blocks_context
 
+from ..models.zoo import ARCHS, DETECTOR, WEIGHTS_LICENSE
 from ..serving import ModelManager
 from ..serving.folders import result_id
 from ..tasks.registry import OnDemand, Task
-from ..zoo import ARCHS, DETECTOR, WEIGHTS_LICENSE
-from .handlers import (
-    Runner,
-    all_endpoint,
-    compare_endpoint,
-    on_demand_endpoint,
-    task_endpoint,
-    time_requests,
-)
+from .handlers import Runner, all_endpoint, compare_endpoint, on_demand_endpoint, task_endpoint, time_requests
 from .inputs import photo_input
 from .widgets import option_widget, render_results, result_widgets, size_dropdown
 

@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 
 from ..errors import OptionError
-from ..limits import MAX_FILE_BYTES
+from ..inputs.limits import MAX_FILE_BYTES
 from ..serving.video import VideoRequests
 from ..tasks import registry
 from ..video.handlers import TrackingOptions

@@ -6,7 +6,7 @@ from typing import Any
 
 import gradio as gr
 
-from ..options import Option
+from ..tasks.options import Option
 from ..tasks.registry import Task, View
 from .inputs import photo_input
 

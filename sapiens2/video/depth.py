@@ -1,6 +1,6 @@
 """Depth over a clip: one colour scale for every frame, so the colours do not flicker.
 
-Per photo, :func:`sapiens2.render.depth_to_turbo` stretches turbo between the 1st and 99th
+Per photo, :func:`sapiens2.outputs.render.depth_to_turbo` stretches turbo between the 1st and 99th
 percentile of that photo's foreground depth. Per frame that would re-scale the colours whenever
 someone moves closer or a stray pixel appears. Here the bounds are the 1st/99th percentiles of
 the foreground depth of the WHOLE clip (as the release's pointmap video demo fixes its colour
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..render import depth_to_turbo
+from ..outputs.render import depth_to_turbo
 
 MAX_SAMPLES = 2_000_000
 

@@ -1,6 +1,6 @@
 """Files a clip's run leaves for download: pose tracks as JSON, raw per-frame arrays as NPZ.
 
-Pose (one file per format, every frame in it; writers from :mod:`sapiens2.export` per frame):
+Pose (one file per format, every frame in it; writers from :mod:`sapiens2.outputs.export` per frame):
 
 * ``<name>_pose_tracks.json``: ``{"format": "sapiens2-308-video", "fps", "frames": [{"frame",
   "time_s", "image_size", "people": [{"track_id", "box", "box_score", "keypoints": [308 x
@@ -10,7 +10,7 @@ Pose (one file per format, every frame in it; writers from :mod:`sapiens2.export
 * ``<name>_openpose_body25.zip``: OpenPose's own layout, one ``<name>_<frame:012d>_keypoints.json``
   per frame, ``person_id`` = [track id];
 * ``<name>_openpose_coco18.zip``: the same with COCO-18 bodies and 21-point hands
-  (:mod:`sapiens2.openpose`);
+  (:mod:`sapiens2.outputs.openpose`);
 * ``<name>_openpose.webm``: the ControlNet OpenPose conditioning picture of every processed frame
   (skeletons on black, the clip's size and output frame rate), for pose-guided video models.
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..export import coco17_json, jsonable, openpose_body25_json, pose_json, safe_path
-from ..openpose import draw_openpose, openpose_coco18_json
+from ..outputs.export import coco17_json, jsonable, openpose_body25_json, pose_json, safe_path
+from ..outputs.openpose import draw_openpose, openpose_coco18_json
 
 RAW_CAP_BYTES = 256 * 1024 * 1024
 

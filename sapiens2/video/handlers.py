@@ -8,7 +8,7 @@ A handler answers three questions for :func:`sapiens2.video.runner.run_video`:
   can only be rendered at the end (depth: its colour scale needs the whole clip);
 * ``deferred()`` and ``exports(...)``: frames rendered after the last batch, and the downloads.
 
-Rendering reuses :mod:`sapiens2.render` and the results' own ``render``.
+Rendering reuses :mod:`sapiens2.outputs.render` and the results' own ``render``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import cv2
 import numpy as np
 
 from ..errors import OptionError
-from ..export import safe_path
-from ..render import draw_pose, pose_style
+from ..outputs.export import safe_path
+from ..outputs.render import draw_pose, pose_style
 from ..tasks import registry
 from .depth import foreground_depth, global_depth_bounds, render_depth_frame
 from .exports import (
@@ -41,7 +41,7 @@ from .smoothing import KeypointSmoother
 from .tracking import IoUTracker
 
 MAX_NOTICES = 8
-Detect = Callable[[np.ndarray], Any]  # rgb -> sapiens2.detect.Detections (or anything with .boxes)
+Detect = Callable[[np.ndarray], Any]  # rgb -> sapiens2.inputs.detector.Detections (or anything with .boxes)
 DetectMany = Callable[[list[np.ndarray]], list[Any]]  # several frames in one device call
 
 

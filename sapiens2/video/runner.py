@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputImageError, OptionError, Sapiens2Error
-from ..export import file_stem, safe_path
-from ..imaging import Intake, load_image
+from ..inputs.intake import Intake, load_image
+from ..outputs.export import file_stem, safe_path
 from ..tasks import registry
 from ..tasks.base import run_batch
 from .exports import RAW_CAP_BYTES

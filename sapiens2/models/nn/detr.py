@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 #: DETR's published head count (all facebook/detr-* checkpoints); not recoverable from shapes.
 DEFAULT_HEADS = 8

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .errors import OptionError
+from ..errors import OptionError
 
 Kind = Literal["bool", "float", "int", "choice", "classes", "color", "image"]
 Stage = Literal["infer", "render"]
@@ -84,7 +84,7 @@ def check(where: str, opt: Option, value: Any, gpu: bool = False) -> Any:
             return None
         return opt.resolve(names) if opt.resolve else names
     if opt.kind == "color":
-        from .render import parse_color
+        from ..outputs.render import parse_color
 
         try:
             return parse_color(value)

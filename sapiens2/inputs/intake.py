@@ -11,7 +11,7 @@ scale by libjpeg itself (Pillow's draft mode): the reduced picture *is* the imag
 every result is in its pixels, a notice says so and ``Intake.source_size`` keeps the file's
 own size (a point ``x`` there is ``(x + 0.5) * Intake.reduction - 0.5`` in the file's pixels).
 
-The network input made from an intake is in :mod:`sapiens2.network_input`; person crops for
+The network input made from an intake is in :mod:`sapiens2.inputs.network`; person crops for
 pose in :mod:`sapiens2.tasks.pose_crops`.
 """
 
@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
-from .errors import InputImageError, OptionError
+from ..errors import InputImageError, OptionError
 from .limits import MAX_FILE_BYTES, MAX_REDUCED_PIXELS
 
 #: Longest side (px) of the copy used for inference; larger images are downscaled for inference
@@ -164,7 +164,7 @@ def load_image(
 
 def _safe_stem(filename: str | Path) -> str:
     """The export stem of a file name: one rule for the whole package (export.file_stem)."""
-    from .export import file_stem  # local: export pulls in render, which intake does not need
+    from ..outputs.export import file_stem  # local: export pulls in render, which intake does not need
 
     return file_stem(filename)
 
@@ -245,7 +245,7 @@ def _read_capped(f: IO[bytes], max_bytes: int) -> bytes:
 
 
 def _too_many_bytes(max_bytes: int, size: int | None = None) -> str:
-    limit = f"the limit of {_amount(max_bytes)} for one image (sapiens2.limits.MAX_FILE_BYTES)"
+    limit = f"the limit of {_amount(max_bytes)} for one image (sapiens2.inputs.limits.MAX_FILE_BYTES)"
     head = (
         f"The image file is {_amount(size)}, above {limit}"
         if size
@@ -354,7 +354,7 @@ def _reduce_to_limit(im: Image.Image) -> int:
         raise InputImageError(
             f"The JPEG is {w}x{h} px ({w * h / 1e6:.1f} megapixels), above the limit of "
             f"{MAX_REDUCED_PIXELS / 1e6:.1f} megapixels for photos decoded at reduced size "
-            "(sapiens2.limits.MAX_REDUCED_PIXELS). Downscale it before uploading."
+            "(sapiens2.inputs.limits.MAX_REDUCED_PIXELS). Downscale it before uploading."
         )
     for s in _JPEG_REDUCTIONS:
         size = (-(-w // s), -(-h // s))

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..models.zoo import INPUT_SIZE
 from .cpus import available_cpus
-from .zoo import INPUT_SIZE
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _threads_lock = threading.Lock()

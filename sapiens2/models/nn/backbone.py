@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import CheckpointError, InputImageError
+from ...errors import CheckpointError, InputImageError
 
 RMS_EPS = 1e-6
 ROPE_BASE = 100.0

@@ -16,7 +16,7 @@ Relative to depth and focal, the rule means the same thing at every distance and
 Vertices are every foreground pixel in row-major order (the point cloud's points, the same
 order), so the vertex count is the foreground pixel count; coordinates stay in the camera frame
 (x right, y down, z forward, metres) and the GLB writer turns them into glTF's frame as the
-point-cloud GLB does. Files are written by :mod:`sapiens2.plyglb` (GLB and binary PLY).
+point-cloud GLB does. Files are written by :mod:`sapiens2.outputs.plyglb` (GLB and binary PLY).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InputImageError, OptionError
 from . import plyglb
-from .errors import InputImageError, OptionError
-from .file_writes import prepare, write_or_defer
+from .writers import prepare, write_or_defer
 
 MAX_EDGE_FOOTPRINTS = 10.0
 #: faces of the browser preview: ~100k vertices, a ~4 MB GLB, small enough for the page's WebGL

@@ -15,8 +15,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .errors import InputImageError, OptionError
-from .metadata import (
+from ..data.metadata import (
     KEYPOINT_COLORS,
     KEYPOINT_GROUPS,
     NUM_KEYPOINTS,
@@ -26,6 +25,7 @@ from .metadata import (
     SKELETON,
     seg_class_ids,
 )
+from ..errors import InputImageError, OptionError
 
 CHROMA_GREEN: tuple[int, int, int] = (0, 177, 64)
 BOX_COLOR: tuple[int, int, int] = (0, 255, 0)

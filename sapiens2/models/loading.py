@@ -1,6 +1,6 @@
 """``load_model``: find a checkpoint, build the model it describes on the meta device, load it.
 
-Resolution order (see ``sapiens2.weights.find_weights``): an explicit ``checkpoint`` (file or
+Resolution order (see ``sapiens2.models.weights.find_weights``): an explicit ``checkpoint`` (file or
 folder) -> ``$SAPIENS2_CHECKPOINTS/<task>/sapiens2_<size>_<task>.safetensors`` -> the Hugging Face
 Hub cache (the release file name, then ``model.safetensors``). Only safetensors are read.
 """
@@ -19,11 +19,11 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from .errors import CheckpointError, DeviceError, OptionError, WeightsUnavailableError
+from ..errors import CheckpointError, DeviceError, OptionError, WeightsUnavailableError
+from ..zerogpu.entry import cuda_emulation
 from .nn.backbone import fuse_qkv_in_state
 from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
 from .weights import ENV_VAR, _pick_in_folder, find_weights, local_root, read_header
-from .zerogpu import cuda_emulation
 from .zoo import get_task
 
 _DTYPES = {

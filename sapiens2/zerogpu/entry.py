@@ -7,7 +7,7 @@
   server process, reused while idle, so it holds only the models the server had when it was
   forked. After the server loads or drops a model, :func:`resident_changed` makes the next call
   fork a fresh worker and ends the idle workers of older generations; inside a worker,
-  :func:`sapiens2.loadguard.check_loading_allowed` turns a load into a clear error instead of a
+  :func:`sapiens2.zerogpu.loadguard.check_loading_allowed` turns a load into a clear error instead of a
   load billed to the visitor.
 - **Memory.** The GPU memory of a slice and the budget left for the model cache.
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from .errors import GpuUnavailableError, Sapiens2Error
+from ..errors import GpuUnavailableError, Sapiens2Error
 
 log = logging.getLogger(__name__)
 

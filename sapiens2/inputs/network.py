@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import InputImageError
-from .zoo import IMAGE_MEAN, IMAGE_STD, INPUT_SIZE
+from ..errors import InputImageError
+from ..models.zoo import IMAGE_MEAN, IMAGE_STD, INPUT_SIZE
 
 _MEAN = torch.tensor(IMAGE_MEAN, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
 _STD = torch.tensor(IMAGE_STD, dtype=torch.float32).view(1, 3, 1, 1) * 255.0

@@ -8,7 +8,7 @@ whole image becomes one box (``[0, 0, w - 1, h - 1]``, as in the release), and
 Checkpoint: ``facebook/detr-resnet-50`` (Apache-2.0), ``model.safetensors`` of the **main**
 revision, the file huggingface_hub fetches by default and the one most users already have in
 their cache. Its backbone uses timm/torchvision ResNet names; the ``no_timm`` revision's names
-load as well (see ``sapiens2.nn.detr``). Local copy: ``$SAPIENS2_CHECKPOINTS/detector/detr-resnet-50.safetensors``.
+load as well (see ``sapiens2.models.nn.detr``). Local copy: ``$SAPIENS2_CHECKPOINTS/detector/detr-resnet-50.safetensors``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from . import zoo
-from .errors import CheckpointError, InputImageError, OptionError, WeightsUnavailableError
-from .nn.detr import DEFAULT_HEADS, Detr, build_detr
-from .weights import ENV_VAR, find_weights, load_tensors
-from .zerogpu import cuda_emulation
+from ..errors import CheckpointError, InputImageError, OptionError, WeightsUnavailableError
+from ..models import zoo
+from ..models.nn.detr import DEFAULT_HEADS, Detr, build_detr
+from ..models.weights import ENV_VAR, find_weights, load_tensors
+from ..zerogpu.entry import cuda_emulation
 
 # The DETR image processor's defaults for facebook/detr-resnet-50 (preprocessor_config.json).
 SHORTEST_EDGE = 800

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .errors import CheckpointError, DiskFullError, WeightsUnavailableError
-from .loadguard import check_loading_allowed
-from .zerogpu import cuda_emulation
+from ..errors import CheckpointError, DiskFullError, WeightsUnavailableError
+from ..zerogpu.entry import cuda_emulation
+from ..zerogpu.loadguard import check_loading_allowed
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ _DOWNLOAD_LISTENERS: list[Callable[[Path], None]] = []
 
 def on_download(listener: Callable[[Path], None]) -> None:
     """Call ``listener(path)`` after every weight file that had to be downloaded (not after a cache
-    hit); used to prune the Hub cache (``sapiens2.hub_cache.enable_pruning``). A listener that
+    hit); used to prune the Hub cache (``sapiens2.models.hub_cache.enable_pruning``). A listener that
     fails is logged, never fatal. Registering the same listener twice has no effect."""
     if listener not in _DOWNLOAD_LISTENERS:
         _DOWNLOAD_LISTENERS.append(listener)
@@ -230,7 +230,7 @@ def disk_full_error(err: BaseException, folder: str | os.PathLike, what: str) ->
         free = "its free space could not be read"
     return DiskFullError(
         f"The disk is full: {what} into {folder} failed ({err}); {free}. Free some space (for the "
-        "Hugging Face cache: `hf cache delete`, or sapiens2.hub_cache.prune), or point HF_HUB_CACHE "
+        "Hugging Face cache: `hf cache delete`, or sapiens2.models.hub_cache.prune), or point HF_HUB_CACHE "
         "(or HF_HOME) to a disk with more room, then try again."
     )
 

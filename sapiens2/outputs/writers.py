@@ -1,7 +1,7 @@
 """Writing a result's files: the output folder made on demand, and writes that can be handed to
 a thread pool (:func:`deferred_writes`), so one result's files are written side by side.
 
-Every writer of :mod:`sapiens2.export` and :mod:`sapiens2.mesh` checks its input in the calling
+Every writer of :mod:`sapiens2.outputs.export` and :mod:`sapiens2.outputs.mesh` checks its input in the calling
 thread (raising at once, as always) and passes the encoding and writing to :func:`write_or_defer`.
 """
 

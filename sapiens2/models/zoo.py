@@ -57,12 +57,12 @@ class TaskSpec:
 
     name: str  # short id used in repo and file names
     sizes: tuple[str, ...]
-    head: str | None  # head kind in sapiens2.nn.heads, None for the bare backbone
+    head: str | None  # head kind in sapiens2.models.nn.heads, None for the bare backbone
     default_size_gpu: str
     default_size_cpu: str
     #: key name of the head's final conv ("conv_pose"): it says which task a checkpoint is for
     predictor: str | None = None
-    #: the typed output ``model(pixels)`` returns, a class name in sapiens2.nn.outputs
+    #: the typed output ``model(pixels)`` returns, a class name in sapiens2.models.nn.outputs
     output: str = "DenseOutput"
     #: the Hub holds its weights; when False the task shows only where a local checkpoint is found
     on_hub: bool = True
@@ -90,7 +90,7 @@ class TaskSpec:
 
     def check_size(self, size: str) -> None:
         if size not in self.sizes:
-            from .errors import OptionError
+            from ..errors import OptionError
 
             raise OptionError(
                 f"Size {size!r} does not exist for {self.name}; choose one of: {', '.join(self.sizes)}."
@@ -126,7 +126,7 @@ POINTMAP_CANONICAL_FOCAL = 768.0
 
 @dataclass(frozen=True)
 class DetectorSpec:
-    """The person detector used for top-down pose (see sapiens2.detect)."""
+    """The person detector used for top-down pose (see sapiens2.inputs.detector)."""
 
     repo_id: str
     filename: str
@@ -149,6 +149,6 @@ def get_task(task: str) -> TaskSpec:
     try:
         return TASKS[task]
     except KeyError:
-        from .errors import OptionError
+        from ..errors import OptionError
 
         raise OptionError(f"Unknown task {task!r}; choose one of: {', '.join(TASKS)}.") from None

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import OptionError
+from ..errors import OptionError
 
-_DATA = Path(__file__).with_name("data")
+_DATA = Path(__file__).parent
 
 
 @cache

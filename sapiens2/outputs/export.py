@@ -1,12 +1,12 @@
 """Files people download: PNG, NPY, JSON (Sapiens-308, COCO-17, OpenPose BODY_25), PLY, GLB.
 
-Point clouds (and meshes, :mod:`sapiens2.mesh`) are written by :mod:`sapiens2.plyglb`; OpenPose COCO-18
-and the ControlNet picture live in :mod:`sapiens2.openpose`.
+Point clouds (and meshes, :mod:`sapiens2.outputs.mesh`) are written by :mod:`sapiens2.outputs.plyglb`; OpenPose COCO-18
+and the ControlNet picture live in :mod:`sapiens2.outputs.openpose`.
 
 Every writer takes a path and returns the Path it wrote. File names come from ``safe_path``:
 a caller's name is reduced to [A-Za-z0-9_-] so it can never leave the output folder.
 
-Inside :func:`sapiens2.file_writes.deferred_writes` (re-exported here) every writer checks its
+Inside :func:`sapiens2.outputs.writers.deferred_writes` every writer checks its
 input and returns at once, and encodes and writes on a thread pool (cv2, zlib and numpy release
 the GIL): a result's files are written side by side instead of one after another.
 """
@@ -23,16 +23,13 @@ from typing import Any
 import cv2
 import numpy as np
 
+from ..data.metadata import BODY25_PAIRS, COCO17_INDEX, COCO17_NAMES, KEYPOINT_NAMES, NUM_KEYPOINTS
+from ..errors import InputImageError, OptionError
 from . import plyglb, png
-from .errors import InputImageError, OptionError
-from .file_writes import (
-    deferred_writes,  # noqa: F401  (re-exported: export.deferred_writes)
-    write_or_defer,
-)
-from .file_writes import prepare as _prepare
 from .mesh import OPENCV_TO_GLTF
-from .metadata import BODY25_PAIRS, COCO17_INDEX, COCO17_NAMES, KEYPOINT_NAMES, NUM_KEYPOINTS
 from .render import matte_arrays, to_uint8
+from .writers import prepare as _prepare
+from .writers import write_or_defer
 
 GLB_MAX_POINTS = 300_000  # a browser viewer stays responsive below this; the PLY keeps every point
 _STEM_MAX = 80
@@ -79,7 +76,7 @@ def safe_path(out_dir: str | Path, name: Any, suffix: str) -> Path:
 def write_png(path: str | Path, image: Any) -> Path:
     """PNG of a uint8 (or uint16) gray (H, W), RGB (H, W, 3) or RGBA (H, W, 4) array; bool -> 0/255.
 
-    Written fast (:mod:`sapiens2.png`): zlib level 1, the "sub" row filter only, and the rows
+    Written fast (:mod:`sapiens2.outputs.png`): zlib level 1, the "sub" row filter only, and the rows
     deflated in blocks on every CPU. A 12 MP photo on this 2-core machine: 0.19 s, against 0.42 s
     for OpenCV with the same settings and 1.1 s with its default of trying every filter per row.
     Inside :func:`deferred_writes` the encoding and the writing run on its pool.
@@ -103,7 +100,7 @@ def write_png_palette(path: str | Path, ids: Any, palette: Any) -> Path:
     For a picture of a few flat colours (a class map) this is the fast way: 1 byte a pixel to
     compress instead of 3 (a 12 MP class map of 4x4-pixel blocks, this 2-core machine: 0.04-0.05 s
     against 0.07-0.08 s for write_png of the RGB picture, and a file 44 % smaller). Encoded as
-    write_png encodes (:mod:`sapiens2.png`).
+    write_png encodes (:mod:`sapiens2.outputs.png`).
     """
     arr, pal = np.asarray(ids), np.asarray(palette)
     if arr.dtype != np.uint8 or arr.ndim != 2 or 0 in arr.shape:

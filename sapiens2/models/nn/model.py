@@ -3,7 +3,7 @@
 ``build_from_shapes(shapes)`` reads what the file holds (task from the head's predictor name,
 every width and count from tensor shapes) and returns the model plus an ``ArchInfo``.
 ``model(pixel_values)`` takes the normalised (B, 3, H, W) tensor and returns the typed outputs
-of ``sapiens2.nn.outputs``. No pre/post-processing lives here (see ``sapiens2.tasks``).
+of ``sapiens2.models.nn.outputs``. No pre/post-processing lives here (see ``sapiens2.tasks``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 from ..zoo import ARCHS, TASKS
 from .backbone import Backbone, BackboneConfig, backbone_config_from_shapes
 from .heads import HeadConfig, build_head, head_config_from_shapes

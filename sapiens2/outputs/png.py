@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cpus import cpu_pool
+from ..runtime.cpus import cpu_pool
 
 #: Filtered bytes per block: large enough that the per-block cost (a few hundred bytes of output,
 #: one task on the pool) is negligible, small enough that a 12 MP RGB picture splits into ~9.
@@ -74,7 +74,7 @@ def png_chunks(image: np.ndarray, palette: np.ndarray | None = None) -> list[byt
 
     ``image``: uint8 or uint16, (H, W) grey, (H, W, 3) RGB or (H, W, 4) RGBA; with ``palette``
     ((K, 3) uint8 RGB, K <= 256), (H, W) uint8 indices into it (PNG colour type 3). Checked by
-    the callers (:func:`sapiens2.export.write_png`, :func:`sapiens2.export.write_png_palette`)."""
+    the callers (:func:`sapiens2.outputs.export.write_png`, :func:`sapiens2.outputs.export.write_png_palette`)."""
     arr = np.asarray(image)
     h, w = arr.shape[:2]
     channels = 1 if arr.ndim == 2 else arr.shape[2]

@@ -76,5 +76,5 @@ def output_type(name: str) -> type[TaskOutput]:
     """The output class a zoo row names (``TaskSpec.output``)."""
     cls = getattr(sys.modules[__name__], name, None)
     if not (isinstance(cls, type) and issubclass(cls, TaskOutput)):
-        raise ValueError(f"sapiens2.nn.outputs has no output type {name!r}")
+        raise ValueError(f"sapiens2.models.nn.outputs has no output type {name!r}")
     return cls

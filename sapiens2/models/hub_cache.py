@@ -67,7 +67,7 @@ def prune(
 ) -> PruneReport:
     """Delete cached Sapiens2 checkpoints except ``keep`` (default: :func:`default_repos`) and those
     of the ``keep_sizes`` most recently used sizes. Recency is the cache's "last accessed" time,
-    which ``sapiens2.weights`` sets whenever it resolves a file. Broken cache entries (for example
+    which ``sapiens2.models.weights`` sets whenever it resolves a file. Broken cache entries (for example
     blobs ZeroGPU removed after packing them) are skipped by the scan and left alone."""
     from huggingface_hub import scan_cache_dir
 
@@ -97,7 +97,7 @@ def prune(
 
 def enable_pruning(keep_sizes: int = 1, *, keep: Iterable[str] | None = None) -> None:
     """Prune the default Hub cache after every weight download from now on (call once at start-up
-    on a Space). Failures are logged by ``sapiens2.weights``, never raised to the request."""
+    on a Space). Failures are logged by ``sapiens2.models.weights``, never raised to the request."""
     from . import weights
 
     kept = None if keep is None else frozenset(keep)

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from . import zerogpu
-from .errors import ResidencyError
+from ..errors import ResidencyError
+from . import entry as zerogpu
 
 _FORBIDDEN: ContextVar[str | None] = ContextVar("sapiens2_loading_forbidden", default=None)
 

@@ -29,7 +29,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .metadata import NUM_KEYPOINTS, keypoint_index
+from ..data.metadata import NUM_KEYPOINTS, keypoint_index
 
 COCO18_NAMES: tuple[str, ...] = (
     "Nose", "Neck", "RShoulder", "RElbow", "RWrist", "LShoulder", "LElbow", "LWrist", "RHip",

@@ -1,7 +1,7 @@
 """Input limits shared by the package and the app.
 
 Torch-free and import-free, so ``app.py`` can derive Gradio's upload limit from the same number
-at start-up without importing the models' stack. ``sapiens2.imaging`` enforces them.
+at start-up without importing the models' stack. ``sapiens2.inputs.intake`` enforces them.
 """
 
 #: Byte budget of one image (40 MiB): the most bytes read from a file, a file object or a bytes

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, InputImageError
+from ...errors import CheckpointError, InputImageError
 from ..zoo import TASKS
 
 Shapes = Mapping[str, tuple[int, ...]]

@@ -1,0 +1,1 @@
+"""What comes in: image intake (hostile files -> upright RGB), the network input, the person detector."""

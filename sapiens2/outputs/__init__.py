@@ -1,0 +1,1 @@
+"""What goes out: pictures, files and formats, meshes, encoders (PNG, PLY, GLB), writers."""

@@ -1,0 +1,1 @@
+"""The process: CPUs and threads, the heap, compilation."""

@@ -1,0 +1,1 @@
+"""ZeroGPU mechanics: the GPU entry, quotas and durations, the load guard."""
