@@ -197,7 +197,7 @@ def test_a_checkpoint_shows_it_in_the_page_api_and_cli(
     from PIL import Image
 
     import app
-    from sapiens2.__main__ import main
+    from sapiens2.cli import main
 
     path, _ = albedo_checkpoint
     monkeypatch.delenv("SAPIENS2_CHECKPOINTS", raising=False)
@@ -224,7 +224,7 @@ def test_a_checkpoint_shows_it_in_the_page_api_and_cli(
 
 
 def test_the_cli_names_it_only_with_a_checkpoint(monkeypatch, tmp_path, capsys) -> None:
-    from sapiens2.__main__ import build_parser
+    from sapiens2.cli import build_parser
 
     monkeypatch.delenv(registry.TASK_CHECKPOINTS_ENV, raising=False)
     monkeypatch.setenv("SAPIENS2_CHECKPOINTS", str(tmp_path))

@@ -393,7 +393,7 @@ def test_the_served_examples_folder_serves_nothing_beside_it(server: Server) -> 
 def test_the_cli_names_a_fifo_and_a_device_and_goes_on(tiny_checkpoints, tmp_path: Path, capsys) -> None:
     import threading
 
-    from sapiens2.__main__ import main
+    from sapiens2.cli import main
 
     fifo = tmp_path / "pipe.jpg"
     os.mkfifo(fifo)

@@ -199,7 +199,7 @@ def test_a_model_load_reports_its_progress_to_the_visitor(served, monkeypatch) -
 
 
 def test_the_cli_shows_load_progress(tiny_checkpoints, tmp_path: Path, capsys) -> None:
-    from sapiens2.__main__ import main
+    from sapiens2.cli import main
 
     argv = ["seg", str(EXAMPLE), "--checkpoint", str(tiny_checkpoints["seg"]), "--device", "cpu"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0

@@ -17,7 +17,7 @@ from tiny_checkpoints import write_header_only, zoo_shapes
 
 import sapiens2
 from sapiens2 import serving
-from sapiens2.__main__ import main
+from sapiens2.cli import main
 from sapiens2.errors import CheckpointError, OptionError
 from sapiens2.models.loading import checkpoint_size_conflict
 

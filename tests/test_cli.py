@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sapiens2.__main__ import find_images, main, unique_folder
+from sapiens2.cli import main
+from sapiens2.cli.tasks import find_images, unique_folder
 
 
 @pytest.fixture(autouse=True)

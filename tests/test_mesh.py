@@ -236,7 +236,7 @@ def test_point_cloud_keeps_a_foreground_point_the_mesh_leaves_out(tmp_path: Path
 def test_cli_writes_the_mesh_by_default(tiny_checkpoints, tmp_path: Path) -> None:
     from PIL import Image
 
-    from sapiens2.__main__ import main
+    from sapiens2.cli import main
 
     src = tmp_path / "in" / "me.png"
     src.parent.mkdir()

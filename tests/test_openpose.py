@@ -127,7 +127,7 @@ def test_cli_writes_coco18_and_the_conditioning_picture(tiny_checkpoints, tmp_pa
 
     from PIL import Image
 
-    from sapiens2.__main__ import main
+    from sapiens2.cli import main
 
     src = tmp_path / "in" / "me.png"
     src.parent.mkdir()

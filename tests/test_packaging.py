@@ -123,10 +123,12 @@ def test_package_data_covers_every_data_file() -> None:
 
 
 def test_console_script_is_the_module_entry() -> None:
-    import sapiens2.__main__ as cli
+    import sapiens2.__main__ as entry
+    import sapiens2.cli as cli
 
     module, _, attr = PROJECT["scripts"]["sapiens2"].partition(":")
-    assert module == "sapiens2.__main__" and getattr(cli, attr) is cli.main
+    assert module == "sapiens2.cli" and getattr(cli, attr) is cli.main
+    assert entry.main is cli.main  # python -m sapiens2 runs the same command
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +171,7 @@ def _run(installed: dict[str, object], *cmd: object) -> subprocess.CompletedProc
 
 def test_fresh_venv_import_works_from_another_folder(installed: dict[str, object]) -> None:
     code = (
-        "import sys, json, sapiens2, sapiens2.__main__ as cli\n"
+        "import sys, json, sapiens2, sapiens2.cli as cli\n"
         "from sapiens2.data.metadata import KEYPOINT_NAMES, NUM_SEG_CLASSES\n"
         "cli.build_parser()\n"
         "print(json.dumps({'file': sapiens2.__file__, 'version': sapiens2.__version__,\n"

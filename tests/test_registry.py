@@ -175,7 +175,7 @@ def test_a_registered_task_gets_a_tab_an_endpoint_and_a_place_in_all(toy, tmp_pa
 def test_a_registered_task_gets_cli_flags(toy, tmp_path, capsys) -> None:
     from PIL import Image
 
-    from sapiens2.__main__ import build_parser, main
+    from sapiens2.cli import build_parser, main
 
     args = build_parser().parse_args(["invert", "x.png", "--strength", "0.2"])
     assert args.task == "invert" and args.strength == 0.2

@@ -27,7 +27,8 @@ from test_api_security import META, SECRET, Server, served_app  # noqa: E402
 
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
-from sapiens2.__main__ import is_clip, main  # noqa: E402
+from sapiens2.cli import main  # noqa: E402
+from sapiens2.cli.tasks import is_clip  # noqa: E402
 from sapiens2.errors import ResidencyError  # noqa: E402
 from sapiens2.serving import video as video_serving  # noqa: E402
 from sapiens2.serving.gpu_time import MAX_CALL_S  # noqa: E402

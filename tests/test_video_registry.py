@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sapiens2 import serving  # noqa: E402
-from sapiens2.__main__ import main  # noqa: E402
+from sapiens2.cli import main  # noqa: E402
 from sapiens2.errors import OptionError  # noqa: E402
 from sapiens2.serving.video import VideoRequests  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
