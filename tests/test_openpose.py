@@ -79,7 +79,7 @@ def test_hands_follow_openpose_hand_order() -> None:
         for k in range(1, 21):  # OpenPose 1-4 thumb base..tip, 5-8 index, ... 17-20 pinky
             f, j = divmod(k - 1, 4)
             assert triple(flat, k)[:2] == [x0 + 10 * f, 350 + 10 * j], (side, k)
-    assert who["face_keypoints_2d"] == []
+    assert who["face_keypoints_2d"] == [0] * 210  # 70 face points, none placed: "not detected"
     # every 308 hand point is used once, wrists included
     assert len(set(op.HAND_LEFT) | set(op.HAND_RIGHT)) == 42
 
