@@ -266,3 +266,25 @@ def test_keypoints_csv_reads_back_with_csv_and_numpy(tmp_path: Path) -> None:
     assert np.allclose(table["x"].reshape(2, 308)[0], kp[0, :, 0], atol=0.006)
     assert np.isnan(table["x"][308 + 3]) and np.allclose(table["score"][308:], 0.45)
     assert np.array_equal(table["keypoint_id"][:308], np.arange(308))
+
+
+def face_table() -> str:
+    """The face mapping table docs/USAGE.md shows, made from the table in sapiens2/data/face68.py."""
+    from fractions import Fraction
+
+    def term(name: str, w: float, first: bool) -> str:
+        f = Fraction(w).limit_denominator(96)
+        sign = "" if first else (" + " if f > 0 else " − ")
+        weight = "" if abs(f) == 1 else f"{abs(f)} "
+        return f"{sign}{'−' if first and f < 0 else ''}{weight}`{name}`"
+
+    rows = ["| # | part | from the 308 points | derived | where |", "|---|---|---|---|---|"]
+    for p in FACE70:
+        sources = "".join(term(n, w, i == 0) for i, (n, w) in enumerate(p.sources))
+        rows.append(f"| {p.index} | {p.part} | {sources} | {'yes' if p.derived else ''} | {p.how} |")
+    return "\n".join(rows)
+
+
+def test_usage_shows_the_face_table_as_the_code_has_it() -> None:
+    usage = (ROOT / "docs" / "USAGE.md").read_text(encoding="utf-8")
+    assert face_table() in usage, "paste tests/test_keypoint_formats.py's face_table() into docs/USAGE.md"

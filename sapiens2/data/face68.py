@@ -75,17 +75,17 @@ def _brow(side: str) -> tuple[str, ...]:
 
 
 LINES: dict[str, tuple[str, ...]] = {
-    "right upper lid": _lid("r", "upper"),
-    "right lower lid": _lid("r", "lower"),
-    "left upper lid": _lid("l", "upper"),
-    "left lower lid": _lid("l", "lower"),
+    "right upper lash line": _lid("r", "upper"),
+    "right lower lash line": _lid("r", "lower"),
+    "left upper lash line": _lid("l", "upper"),
+    "left lower lash line": _lid("l", "lower"),
     "upper outer lip": _lip("upper_outer_lip", "center_of_cupid_bow"),
     "lower outer lip": _lip("lower_outer_lip", "center_of_lower_outer_lip"),
     "upper inner lip": _lip("upper_inner_lip", "center_of_upper_inner_lip"),
     "lower inner lip": _lip("lower_inner_lip", "center_of_lower_inner_lip"),
-    "right brow": _brow("r"),
-    "left brow": _brow("l"),
-    "nose bridge": ("center_of_nose_root", "tip_of_nose"),
+    "right brow's upper edge": _brow("r"),
+    "left brow's upper edge": _brow("l"),
+    "nose bridge, root to tip": ("center_of_nose_root", "tip_of_nose"),
 }
 
 
@@ -93,13 +93,15 @@ def _named(index: int, part: str, name: str, how: str) -> FacePoint:
     return FacePoint(index, part, ((name, 1.0),), how)
 
 
-def _along(index: int, part: str, line: str, t: Fraction) -> FacePoint:
+def _along(index: int, part: str, line: str, t: Fraction | int, note: str = "") -> FacePoint:
     """The point at ``t`` (0..1, left to right) of a line whose points are evenly spaced."""
+    t = Fraction(t)
     names = LINES[line]
     pos = t * (len(names) - 1)
     i = min(int(pos), len(names) - 2)
     f = float(pos - i)
-    how = f"{line} at {t} (left to right)"
+    where = {0: f"left end of the {line}", 1: f"right end of the {line}"}.get(t, f"{t} along the {line}")
+    how = f"{where}{note}"
     if f in (0.0, 1.0):
         return FacePoint(index, part, ((names[i + int(f)], 1.0),), how)
     return FacePoint(index, part, ((names[i], 1.0 - f), (names[i + 1], f)), how)
@@ -127,30 +129,32 @@ def _face70() -> tuple[FacePoint, ...]:
         pts.append(_jaw(14 - k, "l", Fraction(k, 6)))
     pts.append(_named(8, "jaw", "tip_of_chin", "the chin"))
     for k in range(5):
-        pts.append(_along(17 + k, "right brow", "right brow", Fraction(k, 4)))
-        pts.append(_along(22 + k, "left brow", "left brow", Fraction(k, 4)))
+        pts.append(_along(17 + k, "right brow", "right brow's upper edge", Fraction(k, 4)))
+        pts.append(_along(22 + k, "left brow", "left brow's upper edge", Fraction(k, 4)))
     for k in range(4):
-        pts.append(_along(27 + k, "nose bridge", "nose bridge", Fraction(k, 3)))
+        pts.append(_along(27 + k, "nose bridge", "nose bridge, root to tip", Fraction(k, 3)))
     base = ("outer_corner_of_r_nostril", "inner_corner_of_r_nostril", "bottom_center_of_nose",
             "inner_corner_of_l_nostril", "outer_corner_of_l_nostril")  # fmt: skip
     for k, name in enumerate(base):
         pts.append(_named(31 + k, "nose base", name, "nostril corners and the nose base, left to right"))
     for first, side in ((36, "right"), (42, "left")):
-        upper, lower = f"{side} upper lid", f"{side} lower lid"
+        upper, lower = f"{side} upper lash line", f"{side} lower lash line"
         for k in range(4):  # corner, two upper points, corner: along the upper lash line
             pts.append(_along(first + k, f"{side} eye", upper, Fraction(k, 3)))
         for k, t in ((4, Fraction(2, 3)), (5, Fraction(1, 3))):  # back along the lower lash line
             pts.append(_along(first + k, f"{side} eye", lower, t))
     upper_outer = (0, Fraction(3, 16), Fraction(3, 8), Fraction(1, 2), Fraction(5, 8), Fraction(13, 16), 1)
-    for k, t in enumerate(upper_outer):  # 50/52: the peaks of the cupid's bow, at 3/8 and 5/8
-        pts.append(_along(48 + k, "outer lips", "upper outer lip", Fraction(t)))
+    peaks = {50: ": the right peak of the cupid's bow", 52: ": the left peak of the cupid's bow",
+             49: ", midway from the corner to the peak", 53: ", midway from the peak to the corner"}  # fmt: skip
+    for k, t in enumerate(upper_outer):
+        pts.append(_along(48 + k, "outer lips", "upper outer lip", t, peaks.get(48 + k, "")))
     for k in range(5):  # 55-59: the lower lip back from the left corner, evenly
         pts.append(_along(55 + k, "outer lips", "lower outer lip", Fraction(5 - k, 6)))
     thirds = (0, Fraction(1, 3), Fraction(1, 2), Fraction(2, 3), 1)
     for k, t in enumerate(thirds):  # 60-64: corner, upper lip at thirds and centre, corner
-        pts.append(_along(60 + k, "inner lips", "upper inner lip", Fraction(t)))
+        pts.append(_along(60 + k, "inner lips", "upper inner lip", t))
     for k, t in enumerate(thirds[3:0:-1]):  # 65-67: the lower lip back from the left
-        pts.append(_along(65 + k, "inner lips", "lower inner lip", Fraction(t)))
+        pts.append(_along(65 + k, "inner lips", "lower inner lip", t))
     pts.append(_named(68, "pupils", "r_center_of_pupil", "OpenPose's right pupil"))
     pts.append(_named(69, "pupils", "l_center_of_pupil", "OpenPose's left pupil"))
     pts.sort(key=lambda p: p.index)
