@@ -140,3 +140,7 @@ def test_cli_writes_coco18_and_the_conditioning_picture(tiny_checkpoints, tmp_pa
     assert len(doc["people"][0]["hand_left_keypoints_2d"]) == 63
     picture = np.asarray(Image.open(folder / "me_openpose.png"))
     assert picture.shape == (48, 32, 3) and picture.any()  # threshold 0: every point is drawn
+    body25 = json.loads((folder / "me_openpose_body25.json").read_text())  # the CLI writes every format
+    assert [len(p["face_keypoints_2d"]) for p in body25["people"]] == [210]
+    assert [len(p["face_kpts"]) for p in json.loads((folder / "me_coco_wholebody.json").read_text())] == [204]
+    assert len((folder / "me_keypoints.csv").read_text().splitlines()) == 1 + 308

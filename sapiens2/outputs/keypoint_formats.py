@@ -34,6 +34,7 @@ from ..data.metadata import (
     COCO_WHOLEBODY_TO_308,
     KEYPOINT_NAMES,
     NUM_KEYPOINTS,
+    keypoint_index,
 )
 from .writers import prepare as _prepare
 from .writers import write_or_defer
@@ -51,7 +52,7 @@ class PointMap:
         for k, src in enumerate(sources):
             for j in range(width):  # padding: the first source again, weight 0 (min unchanged)
                 name, w = src[j] if j < len(src) else (src[0][0], 0.0)
-                self.index[k, j], self.weight[k, j] = KEYPOINT_NAMES.index(name), w
+                self.index[k, j], self.weight[k, j] = keypoint_index(name), w
         self.derived = np.array([len(s) > 1 for s in sources])
         for arr in (self.index, self.weight, self.derived):
             arr.setflags(write=False)
@@ -155,8 +156,9 @@ def _num(v: float, nd: int) -> str:
     return f"{v:.{nd}f}" if math.isfinite(v) else ""
 
 
-def csv_rows(image: str, keypoints: Any, scores: Any, people: Sequence[int] | None = None,
-             lead: Sequence[Any] = ()) -> Iterable[list[Any]]:  # fmt: skip
+def csv_rows(
+    image: str, keypoints: Any, scores: Any, people: Sequence[int] | None = None, lead: Sequence[Any] = ()
+) -> Iterable[list[Any]]:
     """One row per person and 308 keypoint: ``image, *lead, person, id, name, x, y, score``
     (coordinates 2 decimals, scores 4; not finite: empty)."""
     kp = np.asarray(keypoints, dtype=np.float64).reshape(-1, NUM_KEYPOINTS, 2)
