@@ -127,16 +127,25 @@ def test_page_and_api_list_every_endpoint(client: Client, served) -> None:
 
 
 def test_pose(client: Client) -> None:
-    pair, data, files, line = client.predict(
+    pair, data, files, formats, line = client.predict(
         photo(), "0.4b", 0.3, False, True, False, True, 20, api_name="/pose"
     )
     check_slider(pair)
     check_pose_json(data)
     found = check_files(files, {".json", ".png"})
     check_pose_json(json.loads(found[".json"].read_text()))
-    by_name = {Path(p).name.split("_", 1)[-1]: Path(p) for p in files}  # the creators' formats too
+    check_files(formats, {".json", ".csv"})  # the second list: the keypoint formats
+    by_name = {Path(p).name.split("_", 1)[-1]: Path(p) for p in files + formats}
+    assert set(by_name) == {
+        "pose.json", "openpose.png", "pose.png", "coco17.json", "coco_wholebody.json",
+        "openpose_body25.json", "openpose_coco18.json", "keypoints.csv",
+    }  # fmt: skip
+    assert {Path(p).name.split("_", 1)[-1] for p in files} == {"pose.json", "openpose.png", "pose.png"}
     coco18 = json.loads(by_name["openpose_coco18.json"].read_text())
-    assert all(len(p["pose_keypoints_2d"]) == 54 for p in coco18["people"])
+    assert all(
+        len(p["pose_keypoints_2d"]) == 54 and len(p["face_keypoints_2d"]) == 210 for p in coco18["people"]
+    )
+    assert all(len(p["face_kpts"]) == 204 for p in json.loads(by_name["coco_wholebody.json"].read_text()))
     assert Image.open(by_name["openpose.png"]).size == PHOTO_WH
     assert line.startswith("pose ") and "cpu" in line and "model" in line
 
@@ -224,7 +233,7 @@ def test_all_tasks(client: Client) -> None:
         photo=photo(), pose_size="0.4b", classes=["Torso"], use_segmentation=False, api_name="/all"
     )
     pose, seg, normal, pointmap, matting, feats = (
-        values[0:4], values[4:8], values[8:11], values[11:15], values[15:18], values[18:22]
+        values[0:5], values[5:9], values[9:12], values[12:16], values[16:19], values[19:23]
     )  # fmt: skip
     assert values[-1].startswith("6 of 6 tasks done")
     check_pose_json(pose[1])

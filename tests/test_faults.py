@@ -355,7 +355,9 @@ def test_user_supplied_names_never_become_paths(tiny_checkpoints, app_module, tm
         for p in shown.files:
             assert p.parent == folder and p.resolve().is_relative_to(requests.resolve())
             assert re.fullmatch(
-                r"[A-Za-z0-9_-]+_(pose|coco17|openpose_body25|openpose_coco18|openpose)\.(json|png)", p.name
+                r"[A-Za-z0-9_-]+_(pose|coco17|coco_wholebody|openpose_body25|openpose_coco18|openpose|keypoints)"
+                r"\.(json|png|csv)",
+                p.name,
             ), p.name
     assert first.files[0].parent != second.files[0].parent  # each request has its own folder
     everything = [p for p in tmp_path.rglob("*") if p.is_file()]

@@ -79,7 +79,7 @@ def test_hands_follow_openpose_hand_order() -> None:
         for k in range(1, 21):  # OpenPose 1-4 thumb base..tip, 5-8 index, ... 17-20 pinky
             f, j = divmod(k - 1, 4)
             assert triple(flat, k)[:2] == [x0 + 10 * f, 350 + 10 * j], (side, k)
-    assert who["face_keypoints_2d"] == []
+    assert who["face_keypoints_2d"] == [0] * 210  # 70 face points, none placed: "not detected"
     # every 308 hand point is used once, wrists included
     assert len(set(op.HAND_LEFT) | set(op.HAND_RIGHT)) == 42
 
@@ -140,3 +140,7 @@ def test_cli_writes_coco18_and_the_conditioning_picture(tiny_checkpoints, tmp_pa
     assert len(doc["people"][0]["hand_left_keypoints_2d"]) == 63
     picture = np.asarray(Image.open(folder / "me_openpose.png"))
     assert picture.shape == (48, 32, 3) and picture.any()  # threshold 0: every point is drawn
+    body25 = json.loads((folder / "me_openpose_body25.json").read_text())  # the CLI writes every format
+    assert [len(p["face_keypoints_2d"]) for p in body25["people"]] == [210]
+    assert [len(p["face_kpts"]) for p in json.loads((folder / "me_coco_wholebody.json").read_text())] == [204]
+    assert len((folder / "me_keypoints.csv").read_text().splitlines()) == 1 + 308

@@ -17,7 +17,7 @@ from sapiens2.data.metadata import COCO17_NAMES, FLIP_INDEX, KEYPOINT_NAMES, NUM
 from sapiens2.errors import OptionError
 from sapiens2.models.nn.outputs import PoseOutput
 from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
-from sapiens2.tasks import pipeline, pipeline_class
+from sapiens2.tasks import pipeline, pipeline_class, registry
 from sapiens2.tasks.pose import PosePipeline, PoseResult, decode_heatmaps, flip_back, merge_flip
 from sapiens2.tasks.pose_codec import heatmap_to_crop
 from sapiens2.tasks.pose_crops import apply_affine, box_to_center_scale, inverse_warp_matrix, warp_matrix
@@ -324,12 +324,21 @@ def test_tiny_checkpoint_end_to_end(tiny_pose: Path, tmp_path: Path) -> None:
     names = sorted(p.name for p in paths)
     assert names == [
         "three_people_coco17.json",
+        "three_people_coco_wholebody.json",
+        "three_people_keypoints.csv",
         "three_people_openpose.png",
         "three_people_openpose_body25.json",
         "three_people_openpose_coco18.json",
         "three_people_pose.json",
         "three_people_pose.png",
     ]
+    main, formats = registry.get("pose").group_files(paths)  # the tab's two download lists
+    assert [p.name for p in main] == [
+        "three_people_pose.json",
+        "three_people_openpose.png",
+        "three_people_pose.png",
+    ]
+    assert {p.name for p in formats} == set(names) - {p.name for p in main}
     assert all(p.exists() and p.parent == tmp_path / "out" for p in paths)
     full = json.loads((tmp_path / "out" / "three_people_pose.json").read_text())
     assert len(full["people"]) == 3
@@ -341,6 +350,12 @@ def test_tiny_checkpoint_end_to_end(tiny_pose: Path, tmp_path: Path) -> None:
     assert all(len(a["keypoints"]) == 51 for a in coco["annotations"])
     body25 = json.loads((tmp_path / "out" / "three_people_openpose_body25.json").read_text())
     assert [len(p["pose_keypoints_2d"]) for p in body25["people"]] == [75, 75, 75]
+    assert [len(p["face_keypoints_2d"]) + len(p["hand_left_keypoints_2d"]) for p in body25["people"]] == [
+        273
+    ] * 3
+    wholebody = json.loads((tmp_path / "out" / "three_people_coco_wholebody.json").read_text())
+    assert [len(p["face_kpts"]) for p in wholebody] == [204] * 3
+    assert len((tmp_path / "out" / "three_people_keypoints.csv").read_text().splitlines()) == 1 + 3 * 308
     coco18 = json.loads((tmp_path / "out" / "three_people_openpose_coco18.json").read_text())
     assert [len(p["pose_keypoints_2d"]) for p in coco18["people"]] == [54, 54, 54]
     assert (coco18["canvas_width"], coco18["canvas_height"]) == (320, 240)

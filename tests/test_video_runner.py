@@ -7,6 +7,7 @@ through the one-call-per-frame adapter.
 
 from __future__ import annotations
 
+import csv
 import json
 import zipfile
 from pathlib import Path
@@ -126,8 +127,8 @@ def test_pose_clip_batches_tracks_and_exports(tmp_path: Path) -> None:
     n, fps, size = count_frames(result.video)
     assert (n, size) == (8, (96, 64)) and fps == pytest.approx(10.0)
     assert [p.name for p in result.files] == [
-        "walk_pose.webm", "walk_pose_tracks.json", "walk_coco17.json",
-        "walk_openpose_body25.zip", "walk_openpose_coco18.zip", "walk_openpose.webm",
+        "walk_pose.webm", "walk_pose_tracks.json", "walk_coco17.json", "walk_coco_wholebody.json",
+        "walk_openpose_body25.zip", "walk_openpose_coco18.zip", "walk_keypoints.csv", "walk_openpose.webm",
         "walk_pose_frames.npz",
     ]  # fmt: skip
     doc = json.loads((tmp_path / "out/walk_pose_tracks.json").read_text())
@@ -142,9 +143,21 @@ def test_pose_clip_batches_tracks_and_exports(tmp_path: Path) -> None:
     assert len(coco["images"]) == 8 and len(coco["annotations"]) == 16
     assert {a["track_id"] for a in coco["annotations"]} == {0, 1}
     with zipfile.ZipFile(tmp_path / "out/walk_openpose_body25.zip") as z:
-        names = z.namelist()
-        assert names[0] == "walk_000000000000_keypoints.json" and len(names) == 8
-        assert {p["person_id"][0] for p in json.loads(z.read(names[5]))["people"]} == {0, 1}
+        names = z.namelist()  # OpenPose's one file per frame, frame index in 12 digits
+        assert names == [f"walk_{k:012d}_keypoints.json" for k in range(8)]
+        people = json.loads(z.read(names[5]))["people"]
+        assert {p["person_id"][0] for p in people} == {0, 1}
+        assert [(len(p["hand_right_keypoints_2d"]), len(p["face_keypoints_2d"])) for p in people] == [
+            (63, 210)
+        ] * 2
+    wholebody = json.loads((tmp_path / "out/walk_coco_wholebody.json").read_text())
+    assert len(wholebody) == 16 and sorted({p["image_id"] for p in wholebody}) == list(range(8))
+    assert {p["track_id"] for p in wholebody} == {0, 1} and wholebody[2]["time_s"] == pytest.approx(0.1)
+    with open(tmp_path / "out/walk_keypoints.csv", newline="") as f:
+        rows = list(csv.DictReader(f))  # the whole clip: a row per frame, person and keypoint
+    assert len(rows) == 8 * 2 * 308 and list(rows[0])[:4] == ["image", "frame", "time_s", "person"]
+    assert rows[-1]["frame"] == "7" and float(rows[-1]["time_s"]) == pytest.approx(0.7)
+    assert {r["person"] for r in rows} == {"0", "1"} and rows[-1]["name"] == "r_border_of_pupil_midpoint_2"
     with zipfile.ZipFile(tmp_path / "out/walk_openpose_coco18.zip") as z:
         doc18 = json.loads(z.read(z.namelist()[5]))
         assert len(z.namelist()) == 8 and (doc18["canvas_width"], doc18["canvas_height"]) == (96, 64)

@@ -62,6 +62,26 @@ COCO17_NAMES: tuple[str, ...] = (
 COCO17_INDEX: np.ndarray = np.array([COCO_WHOLEBODY_TO_308[k] for k in range(17)], dtype=np.int64)
 COCO17_INDEX.setflags(write=False)
 
+# COCO-WholeBody's 133 names in its order: 17 body (COCO), 6 feet, 68 face (``face-0`` ... in the
+# iBUG-300W order), 21 left hand, 21 right hand (root = wrist, then each finger 1 = base .. 4 = tip),
+# as its annotation files and mmpose name them
+_WB_FINGERS = ("thumb", "forefinger", "middle_finger", "ring_finger", "pinky_finger")
+COCO_WHOLEBODY_NAMES: tuple[str, ...] = (
+    *COCO17_NAMES,
+    "left_big_toe", "left_small_toe", "left_heel", "right_big_toe", "right_small_toe", "right_heel",
+    *(f"face-{i}" for i in range(68)),
+    *(
+        name
+        for side in ("left", "right")
+        for name in (f"{side}_hand_root", *(f"{side}_{f}{j}" for f in _WB_FINGERS for j in range(1, 5)))
+    ),
+)  # fmt: skip
+#: part -> (start, stop) in the 133, in the order of the results' fields (body is ``keypoints``)
+COCO_WHOLEBODY_PARTS: dict[str, tuple[int, int]] = {
+    "keypoints": (0, 17), "foot_kpts": (17, 23), "face_kpts": (23, 91), "lefthand_kpts": (91, 112),
+    "righthand_kpts": (112, 133),
+}  # fmt: skip
+
 # OpenPose BODY_25 order; each entry is one 308 name, or two names whose midpoint is used
 # (OpenPose's neck and mid-hip are midpoints of the shoulders / hips; score = the lower one).
 BODY25_NAMES: tuple[str, ...] = (

@@ -1,7 +1,8 @@
 """Files people download: PNG, NPY, JSON (Sapiens-308, COCO-17, OpenPose BODY_25), PLY, GLB.
 
-Point clouds (and meshes, :mod:`sapiens2.outputs.mesh`) are written by :mod:`sapiens2.outputs.plyglb`; OpenPose COCO-18
-and the ControlNet picture live in :mod:`sapiens2.outputs.openpose`.
+Point clouds (and meshes, :mod:`sapiens2.outputs.mesh`) are written by :mod:`sapiens2.outputs.plyglb`; OpenPose COCO-18,
+OpenPose's hands and face and the ControlNet picture live in :mod:`sapiens2.outputs.openpose`;
+COCO-WholeBody and the keypoint CSV in :mod:`sapiens2.outputs.keypoint_formats`.
 
 Every writer takes a path and returns the Path it wrote. File names come from ``safe_path``:
 a caller's name is reduced to [A-Za-z0-9_-] so it can never leave the output folder.
@@ -27,6 +28,7 @@ from ..data.metadata import BODY25_PAIRS, COCO17_INDEX, COCO17_NAMES, KEYPOINT_N
 from ..errors import InputImageError, OptionError
 from . import plyglb, png
 from .mesh import OPENCV_TO_GLTF
+from .openpose import openpose_people
 from .render import matte_arrays, to_uint8
 from .writers import prepare as _prepare
 from .writers import write_or_defer
@@ -286,32 +288,18 @@ def body25_arrays(keypoints: Any, scores: Any) -> tuple[np.ndarray, np.ndarray]:
     return (kp[:, a] + kp[:, b]) / 2.0, np.minimum(sc[:, a], sc[:, b])
 
 
-def openpose_body25_json(keypoints: Any, scores: Any, *, threshold: float = 0.3) -> dict[str, Any]:
-    """OpenPose JSON (version 1.3): per person ``pose_keypoints_2d`` = [x, y, c] * 25.
+def openpose_body25_json(
+    keypoints: Any, scores: Any, *, threshold: float = 0.3, hands: bool = True, face: bool = True
+) -> dict[str, Any]:
+    """OpenPose JSON (version 1.3): per person ``pose_keypoints_2d`` = [x, y, c] * 25,
+    ``hand_left_keypoints_2d`` / ``hand_right_keypoints_2d`` = [x, y, c] * 21 and
+    ``face_keypoints_2d`` = [x, y, c] * 70 (:mod:`sapiens2.outputs.openpose`: OpenPose's hand and
+    face orders), the 3D arrays empty.
 
     Points below the threshold or not finite are written 0, 0, 0 (OpenPose's "not detected").
-    Face and hand arrays are left empty (the 308 set has no OpenPose face/hand equivalent).
     """
     xy, s = body25_arrays(keypoints, scores)
-    people = []
-    for p in range(xy.shape[0]):
-        vis = np.isfinite(xy[p]).all(1) & np.isfinite(s[p]) & (s[p] >= threshold)
-        flat: list[float] = []
-        for k in range(25):
-            flat += [_r(xy[p, k, 0], 2), _r(xy[p, k, 1], 2), _r(s[p, k], 4)] if vis[k] else [0, 0, 0]
-        people.append(
-            {
-                "person_id": [-1],
-                "pose_keypoints_2d": flat,
-                "face_keypoints_2d": [],
-                "hand_left_keypoints_2d": [],
-                "hand_right_keypoints_2d": [],
-                "pose_keypoints_3d": [],
-                "face_keypoints_3d": [],
-                "hand_left_keypoints_3d": [],
-                "hand_right_keypoints_3d": [],
-            }
-        )
+    people = openpose_people(xy, s, keypoints, scores, threshold=threshold, hands=hands, face=face)
     return {"version": 1.3, "people": people}
 
 

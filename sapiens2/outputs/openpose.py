@@ -11,13 +11,18 @@ of the 308 hand chains); finger points 2-4 (the two middle joints and the tip) a
 ``<finger>2``, ``<finger>3``, ``<finger>4`` points, as the COCO-WholeBody table of
 ``keypoints308.json`` pairs them; the base joint of each finger (OpenPose 1, 5, 9, 13, 17: the
 thumb's CMC and the other fingers' knuckles) is the 308 ``<finger>_third_joint``, which the 308
-skeleton links wrist -> third_joint -> finger2, the same place in the chain. The face is left
-empty: the 308 face points are not OpenPose's 70.
+skeleton links wrist -> third_joint -> finger2, the same place in the chain.
+
+Face, 70 points in OpenPose's face order (iBUG-300W's 68, then the right and the left pupil), from
+the 308 named face points (:mod:`sapiens2.data.face68`: some are named points, the others are
+interpolated between named neighbours or, for the jaw, constructed; each scored with the lowest
+score of its sources).
 
 The picture (:func:`draw_openpose`) follows the OpenPose/ControlNet annotator's look: black
 canvas at the photo's size, limbs as filled ellipses in OpenPose's 17 limb colours at 60%, joints
-as full-colour discs, hands as HSV-coloured lines with blue joints; widths are the annotator's
-(4 px sticks at a 512 px short side) scaled with the photo's short side.
+as full-colour discs, hands as lines coloured along the rainbow (each finger its own band of hues)
+with blue joints, face points as white dots; widths are the annotator's (4 px sticks, 3 px face
+dots at a 512 px short side) scaled with the photo's short side.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import cv2
 import numpy as np
 
 from ..data.metadata import NUM_KEYPOINTS, keypoint_index
+from .keypoint_formats import face70_arrays
 
 COCO18_NAMES: tuple[str, ...] = (
     "Nose", "Neck", "RShoulder", "RElbow", "RWrist", "LShoulder", "LElbow", "LWrist", "RHip",
@@ -85,6 +91,7 @@ HAND_EDGE_COLORS: tuple[tuple[int, int, int], ...] = tuple(
     for i in range(len(HAND_EDGES))
 )
 HAND_JOINT_COLOR = (0, 0, 255)
+FACE_COLOR = (255, 255, 255)
 REFERENCE_SIDE = 512  # the annotator's widths are for a 512 px short side
 
 
@@ -127,25 +134,29 @@ def _flat(xy: np.ndarray, s: np.ndarray, threshold: float) -> list[float]:
     return out
 
 
-def openpose_coco18_json(
-    keypoints: Any, scores: Any, *, image_size: tuple[int, int], threshold: float = 0.3, hands: bool = True
-) -> dict[str, Any]:
-    """OpenPose JSON (version 1.3) with COCO-18 bodies: per person ``pose_keypoints_2d`` =
-    [x, y, c] * 18 and, with ``hands``, ``hand_left/right_keypoints_2d`` = [x, y, c] * 21.
-
-    ``image_size`` (width, height) is also written as ``canvas_width``/``canvas_height``, the keys
-    ComfyUI's pose nodes read next to ``people``.
-    """
-    body, body_s = coco18_arrays(keypoints, scores)
+def openpose_people(
+    body: np.ndarray,
+    body_s: np.ndarray,
+    keypoints: Any,
+    scores: Any,
+    *,
+    threshold: float = 0.3,
+    hands: bool = True,
+    face: bool = True,
+) -> list[dict[str, Any]]:
+    """OpenPose's ``people`` entries: each body (P, N, 2) with its scores (P, N) as
+    ``pose_keypoints_2d``, and, from the 308 points, ``hand_left/right_keypoints_2d`` (21 each)
+    and ``face_keypoints_2d`` (70); the 3D arrays empty, as OpenPose writes them without --3d."""
     left, left_s = hand_arrays(keypoints, scores, "left")
     right, right_s = hand_arrays(keypoints, scores, "right")
+    fxy, fs = face70_arrays(keypoints, scores)
     people = []
     for p in range(body.shape[0]):
         people.append(
             {
                 "person_id": [-1],
                 "pose_keypoints_2d": _flat(body[p], body_s[p], threshold),
-                "face_keypoints_2d": [],
+                "face_keypoints_2d": _flat(fxy[p], fs[p], threshold) if face else [],
                 "hand_left_keypoints_2d": _flat(left[p], left_s[p], threshold) if hands else [],
                 "hand_right_keypoints_2d": _flat(right[p], right_s[p], threshold) if hands else [],
                 "pose_keypoints_3d": [],
@@ -154,14 +165,36 @@ def openpose_coco18_json(
                 "hand_right_keypoints_3d": [],
             }
         )
+    return people
+
+
+def openpose_coco18_json(
+    keypoints: Any,
+    scores: Any,
+    *,
+    image_size: tuple[int, int],
+    threshold: float = 0.3,
+    hands: bool = True,
+    face: bool = True,
+) -> dict[str, Any]:
+    """OpenPose JSON (version 1.3) with COCO-18 bodies: per person ``pose_keypoints_2d`` =
+    [x, y, c] * 18, with ``hands`` ``hand_left/right_keypoints_2d`` = [x, y, c] * 21, with
+    ``face`` ``face_keypoints_2d`` = [x, y, c] * 70.
+
+    ``image_size`` (width, height) is also written as ``canvas_width``/``canvas_height``, the keys
+    ComfyUI's pose nodes read next to ``people``.
+    """
+    body, body_s = coco18_arrays(keypoints, scores)
+    people = openpose_people(body, body_s, keypoints, scores, threshold=threshold, hands=hands, face=face)
     w, h = image_size
     return {"version": 1.3, "canvas_width": int(w), "canvas_height": int(h), "people": people}
 
 
-def _widths(size_hw: tuple[int, int]) -> tuple[int, int, int]:
-    """(limb half-width, joint radius, hand line thickness) for a canvas, scaled from 512 px."""
+def _widths(size_hw: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(limb half-width, joint radius, hand line thickness, face dot radius) for a canvas, scaled
+    from the annotator's 4, 4, 2 and 3 px at 512 px."""
     s = min(size_hw) / REFERENCE_SIDE
-    return max(1, round(4 * s)), max(1, round(4 * s)), max(1, round(2 * s))
+    return max(1, round(4 * s)), max(1, round(4 * s)), max(1, round(2 * s)), max(1, round(3 * s))
 
 
 _FAR = 1 << 20  # points are clipped to +-1M px: cv2 draws in int32 and a wild value must not overflow
@@ -196,6 +229,12 @@ def _draw_hand(canvas: np.ndarray, xy: np.ndarray, vis: np.ndarray, thickness: i
             cv2.circle(canvas, _pt(xy[k]), radius, HAND_JOINT_COLOR, thickness=-1)
 
 
+def _draw_face(canvas: np.ndarray, xy: np.ndarray, vis: np.ndarray, radius: int) -> None:
+    for k in range(len(xy)):
+        if vis[k]:
+            cv2.circle(canvas, _pt(xy[k]), radius, FACE_COLOR, thickness=-1)
+
+
 def draw_openpose(
     keypoints: Any,
     scores: Any,
@@ -203,11 +242,13 @@ def draw_openpose(
     *,
     threshold: float = 0.3,
     hands: bool = True,
+    face: bool = True,
 ) -> np.ndarray:
-    """The ControlNet OpenPose conditioning picture: (H, W, 3) uint8 RGB, skeletons on black."""
+    """The ControlNet OpenPose conditioning picture: (H, W, 3) uint8 RGB, on black: bodies, then
+    hands, then the 70 face points (the annotator's order)."""
     h, w = int(size_hw[0]), int(size_hw[1])
     canvas = np.zeros((h, w, 3), np.uint8)
-    stick, radius, line = _widths((h, w))
+    stick, radius, line, dot = _widths((h, w))
     body, body_s = coco18_arrays(keypoints, scores)
     for p in range(body.shape[0]):
         _draw_body(canvas, body[p], _visible(body[p], body_s[p], threshold), stick, radius)
@@ -216,6 +257,10 @@ def draw_openpose(
             xy, s = hand_arrays(keypoints, scores, side)
             for p in range(xy.shape[0]):
                 _draw_hand(canvas, xy[p], _visible(xy[p], s[p], threshold), line, radius)
+    if face:
+        fxy, fs = face70_arrays(keypoints, scores)
+        for p in range(fxy.shape[0]):
+            _draw_face(canvas, fxy[p], _visible(fxy[p], fs[p], threshold), dot)
     return canvas
 
 
@@ -223,6 +268,7 @@ __all__ = [
     "COCO18_NAMES",
     "COCO18_PAIRS",
     "COLORS",
+    "FACE_COLOR",
     "HAND_LEFT",
     "HAND_RIGHT",
     "LIMBS",
@@ -231,4 +277,5 @@ __all__ = [
     "hand_arrays",
     "hand_index",
     "openpose_coco18_json",
+    "openpose_people",
 ]

@@ -34,7 +34,7 @@ from .base import Pipeline, RunInfo, TaskResult
 from .options import Option
 from .pose_codec import decode_checked, decode_heatmaps, flip_back, heatmap_to_crop, merge_flip
 from .pose_crops import CropInfo, apply_affine, crop_geometry, crop_people, warp_crops
-from .registry import Switch, Task, Video, View, forward_seconds
+from .registry import FileGroup, Switch, Task, Video, View, forward_seconds
 
 if TYPE_CHECKING:
     from ..inputs.detector import Detections
@@ -99,48 +99,45 @@ class PoseResult(TaskResult):
     def save(
         self, out_dir: str | Path, *, threshold: float = 0.3, rendered: np.ndarray | None = None
     ) -> list[Path]:
-        """Writes ``<name>_pose.json`` (308 named points), ``<name>_coco17.json``,
-        ``<name>_openpose_body25.json``, ``<name>_openpose_coco18.json`` (body + hands,
-        :mod:`sapiens2.outputs.openpose`), ``<name>_openpose.png`` (the ControlNet conditioning picture) and
-        ``<name>_pose.png`` (the rendering); returns the paths. ``threshold`` decides which points
-        COCO/OpenPose mark as detected (and the conditioning picture draws). ``rendered``: an image
-        already rendered (e.g. with the viewer's options) to write as the PNG instead of a fresh
+        """Writes ``<name>_pose.json`` (308 named points), ``<name>_openpose.png`` (the ControlNet
+        conditioning picture) and ``<name>_pose.png`` (the rendering), then the keypoint formats:
+        ``<name>_coco17.json``, ``<name>_coco_wholebody.json`` (133 points, COCO's results layout),
+        ``<name>_openpose_body25.json`` and ``<name>_openpose_coco18.json`` (bodies, hands and
+        faces, :mod:`sapiens2.outputs.openpose`), ``<name>_keypoints.csv`` (a row per person and
+        keypoint); returns the paths. ``threshold`` decides which points COCO-17/OpenPose mark as
+        detected (and the conditioning picture draws). ``rendered``: an image already rendered
+        (e.g. with the viewer's options) to write as the PNG instead of a fresh
         ``render(threshold=threshold)``."""
+        from ..outputs import keypoint_formats as kf
         from ..outputs.export import coco17_json, openpose_body25_json, safe_path, write_json, write_png
         from ..outputs.openpose import openpose_coco18_json
 
-        kp, sc, wh = self.keypoints, self.scores, self._wh()
+        kp, sc, wh, bs = self.keypoints, self.scores, self._wh(), self.box_scores
         picture = self.render(threshold=threshold) if rendered is None else rendered
-        return [
-            Path(write_json(safe_path(out_dir, self.name, "_pose.json"), self.to_dict())),
-            Path(
-                write_json(
-                    safe_path(out_dir, self.name, "_coco17.json"),
-                    coco17_json(
-                        kp, sc, self.boxes, image_size=wh, box_scores=self.box_scores, threshold=threshold
-                    ),
-                )
+
+        def path(suffix: str) -> Path:
+            return safe_path(out_dir, self.name, suffix)
+
+        formats = {
+            "_coco17.json": coco17_json(
+                kp, sc, self.boxes, image_size=wh, box_scores=bs, threshold=threshold
             ),
-            Path(
-                write_json(
-                    safe_path(out_dir, self.name, "_openpose_body25.json"),
-                    openpose_body25_json(kp, sc, threshold=threshold),
-                )
-            ),
-            Path(
-                write_json(
-                    safe_path(out_dir, self.name, "_openpose_coco18.json"),
-                    openpose_coco18_json(kp, sc, image_size=wh, threshold=threshold),
-                )
-            ),
-            Path(
-                write_png(safe_path(out_dir, self.name, "_openpose.png"), self.openpose(threshold=threshold))
-            ),
-            Path(write_png(safe_path(out_dir, self.name, "_pose.png"), picture)),
+            "_coco_wholebody.json": kf.coco_wholebody_json(kp, sc, box_scores=bs, threshold=threshold),
+            "_openpose_body25.json": openpose_body25_json(kp, sc, threshold=threshold),
+            "_openpose_coco18.json": openpose_coco18_json(kp, sc, image_size=wh, threshold=threshold),
+        }
+        files = [
+            write_json(path("_pose.json"), self.to_dict()),
+            write_png(path("_openpose.png"), self.openpose(threshold=threshold)),
+            write_png(path("_pose.png"), picture),
+            *(write_json(path(suffix), doc) for suffix, doc in formats.items()),
+            kf.write_keypoints_csv(path("_keypoints.csv"), path("").name, kp, sc),
         ]
+        return [Path(f) for f in files]
 
     def openpose(self, *, threshold: float = 0.3) -> np.ndarray:
-        """The ControlNet OpenPose conditioning picture at the photo's size (body + hands on black)."""
+        """The ControlNet OpenPose conditioning picture at the photo's size (bodies, hands and
+        faces on black)."""
         from ..outputs.openpose import draw_openpose
 
         return draw_openpose(self.keypoints, self.scores, self.image.shape[:2], threshold=threshold)
@@ -422,6 +419,15 @@ def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float
     return forward_seconds(size, crops) + 1.0
 
 
+#: the keypoint formats ``PoseResult.save`` writes besides the 308-point JSON and the pictures
+KEYPOINT_FILES = (
+    "_coco17.json",
+    "_coco_wholebody.json",
+    "_openpose_body25.json",
+    "_openpose_coco18.json",
+    "_keypoints.csv",
+)
+
 TASK = Task(
     spec=get_task("pose"),
     pipeline=PosePipeline,
@@ -430,7 +436,7 @@ TASK = Task(
     button="Run pose",
     summary="Pose: 308 keypoints per person (body, hands, feet, face).",
     result_label="Pose",
-    downloads="Downloads (308-point JSON, COCO-17, OpenPose BODY_25 / COCO-18, ControlNet pose PNG, drawing)",
+    downloads="Downloads (308-point JSON, ControlNet pose PNG, drawing)",
     gpu_seconds=_gpu_seconds,
     options=(
         Option(
@@ -467,6 +473,12 @@ TASK = Task(
     cli_aliases={"flip_test": ("--flip",)},
     cli_switches=(
         Switch("--no-detector", "skip person detection: the whole image is one person", {"detector": None}),
+    ),
+    file_groups=(
+        FileGroup(
+            "Keypoint formats (COCO-17, COCO-WholeBody-133, OpenPose BODY_25 / COCO-18 with hands and face, CSV)",
+            KEYPOINT_FILES,
+        ),
     ),
     video=Video(
         handler="tracks",

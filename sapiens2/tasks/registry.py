@@ -78,6 +78,15 @@ class Compare:
     score: Callable[[Any, Any], float]
 
 
+@dataclass(frozen=True)
+class FileGroup:
+    """A second download list of a task's tab (a front end shows it beside the main one): the
+    files whose names end with one of ``suffixes``. The API returns it as one more file list."""
+
+    label: str
+    suffixes: tuple[str, ...]
+
+
 def one_forward(infer_opts: Mapping[str, Any]) -> int:
     return 1
 
@@ -145,6 +154,8 @@ class Task:
     #: files made after the run, on request (see :class:`OnDemand`)
     on_demand: tuple[OnDemand, ...] = ()
     video: Video | None = None  # None: photos only
+    #: download lists besides the main one, in order (a file goes to the first that takes it)
+    file_groups: tuple[FileGroup, ...] = ()
     #: extra command-line spellings of options (option name -> flags), and pipeline switches
     cli_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     cli_switches: tuple[Switch, ...] = ()
@@ -167,6 +178,15 @@ class Task:
 
     def defaults(self, gpu: bool = False) -> dict[str, Any]:
         return {o.name: o.default_for(gpu) for o in self.options}
+
+    def group_files(self, files: list[Path]) -> list[list[Path]]:
+        """``files`` split into the main download list and one list per file group, in order."""
+        lists: list[list[Path]] = [[] for _ in range(1 + len(self.file_groups))]
+        for f in files:
+            name = Path(f).name
+            k = next((i for i, g in enumerate(self.file_groups, 1) if name.endswith(g.suffixes)), 0)
+            lists[k].append(f)
+        return lists
 
     def video_render_defaults(self) -> dict[str, Any]:
         """Render options of a clip: the render options' defaults, then the video overrides."""

@@ -38,6 +38,7 @@ from ..errors import (
 )
 from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, is_out_of_memory
 from ..serving.present import PREVIEW_SIDE, Stages, run_info
+from ..tasks import registry
 from ..tasks.options import Option
 from ..tasks.registry import OnDemand, Task
 from .gpu import device_call, device_many
@@ -232,10 +233,10 @@ class Runner:
 
 def outputs_of(presented: Presented) -> list[Any]:
     """A result's values in its tab's output order: slider pair (the small previews when made),
-    views, downloads, run info."""
-    files = [str(p) for p in presented.files]
+    views, downloads (the main list, then one per ``Task.file_groups``), run info."""
+    files = [[str(p) for p in group] for group in registry.get(presented.task).group_files(presented.files)]
     pair = presented.previews or (presented.before, presented.after)
-    return [tuple(str(p) if not hasattr(p, "shape") else p for p in pair), *presented.views, files,
+    return [tuple(str(p) if not hasattr(p, "shape") else p for p in pair), *presented.views, *files,
             RunInfo(presented.head, presented.stages, presented.notices)]  # fmt: skip
 
 
@@ -346,7 +347,8 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
         out: list[Any] = []
         for task in tasks.values():
             value = shown.get(task.name)
-            out.extend(outputs_of(value) if isinstance(value, Presented) else [None] * (3 + len(task.views)))
+            empty = [None] * (3 + len(task.views) + len(task.file_groups))
+            out.extend(outputs_of(value) if isinstance(value, Presented) else empty)
         return [*out, status]
 
     docs = [("photo", "the photo (file).")]

@@ -149,7 +149,7 @@ def task_tab(run: Runner, task: Task, photo: gr.Image, examples: list[str]) -> T
             with gr.Column(scale=2):
                 render_results(outputs)
                 for entry in task.on_demand:
-                    on_demand_block(run, task, entry, outputs[-2])  # after the downloads
+                    on_demand_block(run, task, entry, outputs[1 + len(task.views)])  # the downloads
     button.click(
         handler,
         inputs=[photo, *parts.controls],

@@ -69,7 +69,8 @@ def view_widget(view: View) -> gr.components.Component:
 
 
 def result_widgets(task: Task) -> list[gr.components.Component]:
-    """A task's outputs, unrendered: before/after slider, its views, downloads, run info."""
+    """A task's outputs, unrendered: before/after slider, its views, downloads (the main list,
+    then one per ``Task.file_groups``), run info."""
     slider = gr.ImageSlider(
         label=f"{task.result_label}: before / after",
         type="numpy",
@@ -78,10 +79,11 @@ def result_widgets(task: Task) -> list[gr.components.Component]:
         render=False,
     )
     files = gr.File(label=task.downloads, file_count="multiple", render=False)
+    groups = [gr.File(label=g.label, file_count="multiple", render=False) for g in task.file_groups]
     info = gr.Textbox(  # the first line: model, total; then each stage's seconds, then notes
         label="Run info", interactive=False, lines=2, max_lines=6, elem_id=f"{task.name}-info", render=False
     )
-    return [slider, *(view_widget(v) for v in task.views), files, info]
+    return [slider, *(view_widget(v) for v in task.views), files, *groups, info]
 
 
 def render_results(components: list[gr.components.Component]) -> None:

@@ -7,10 +7,14 @@ Pose (one file per format, every frame in it; writers from :mod:`sapiens2.output
   {name, x, y, score}]}]}]}``;
 * ``<name>_coco17.json``: COCO keypoints, one ``images`` entry per frame (``id`` = frame
   index, ``frame_id``/``time_s``), annotations carrying ``track_id`` (as PoseTrack does);
+* ``<name>_coco_wholebody.json``: COCO-WholeBody results (133 points), one entry per person and
+  frame, ``image_id`` = frame index, with ``track_id`` and ``time_s``
+  (:mod:`sapiens2.outputs.keypoint_formats`);
 * ``<name>_openpose_body25.zip``: OpenPose's own layout, one ``<name>_<frame:012d>_keypoints.json``
-  per frame, ``person_id`` = [track id];
-* ``<name>_openpose_coco18.zip``: the same with COCO-18 bodies and 21-point hands
-  (:mod:`sapiens2.outputs.openpose`);
+  per frame, ``person_id`` = [track id], with hands (21 + 21) and face (70);
+* ``<name>_openpose_coco18.zip``: the same with COCO-18 bodies (:mod:`sapiens2.outputs.openpose`);
+* ``<name>_keypoints.csv``: one row per frame, person and 308 keypoint (image, frame, time_s,
+  person = track id, keypoint_id, name, x, y, score);
 * ``<name>_openpose.webm``: the ControlNet OpenPose conditioning picture of every processed frame
   (skeletons on black, the clip's size and output frame rate), for pose-guided video models.
 
@@ -30,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ..outputs import keypoint_formats as kf
 from ..outputs.export import coco17_json, jsonable, openpose_body25_json, pose_json, safe_path
 from ..outputs.openpose import draw_openpose, openpose_coco18_json
 
@@ -147,6 +152,39 @@ def write_coco_tracks(
     return path
 
 
+def write_wholebody_tracks(out_dir: Path, name: str, frames: list[PoseFrame], *, threshold: float) -> Path:
+    """``<name>_coco_wholebody.json``: COCO-WholeBody results of every frame (``image_id`` =
+    frame index), each person with its ``track_id`` and the frame's ``time_s``."""
+    path = safe_path(out_dir, name, "_coco_wholebody.json")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("[")
+        first = True
+        for fr in frames:
+            extra = [{"track_id": tid, "time_s": fr.time_s} for tid in fr.track_ids]
+            for person in kf.coco_wholebody_json(
+                fr.keypoints, fr.scores, box_scores=fr.box_scores, threshold=threshold,
+                image_id=fr.frame, extra=extra,
+            ):  # fmt: skip
+                f.write(("" if first else ",") + _dumps(person))
+                first = False
+        f.write("]")
+    return path
+
+
+def write_keypoints_csv(out_dir: Path, name: str, frames: list[PoseFrame]) -> Path:
+    """``<name>_keypoints.csv``: the whole clip, one row per frame, person (track id) and keypoint."""
+    path = safe_path(out_dir, name, "_keypoints.csv")
+    stem = safe_path(out_dir, name, "").name
+    rows = (
+        row
+        for fr in frames
+        for row in kf.csv_rows(
+            stem, fr.keypoints, fr.scores, fr.track_ids, lead=(fr.frame, f"{fr.time_s:.4f}")
+        )
+    )
+    return kf.write_csv(path, kf.CLIP_COLUMNS, rows)
+
+
 def write_openpose_zip(
     out_dir: Path,
     name: str,
@@ -155,8 +193,9 @@ def write_openpose_zip(
     threshold: float,
     coco18_size: tuple[int, int] | None = None,
 ) -> Path:
-    """``<name>_openpose_body25.zip``: OpenPose's per-frame JSON files, ``person_id`` = track id.
-    With ``coco18_size`` (width, height): ``<name>_openpose_coco18.zip``, COCO-18 bodies + hands."""
+    """``<name>_openpose_body25.zip``: OpenPose's per-frame JSON files (bodies, hands, faces),
+    ``person_id`` = track id. With ``coco18_size`` (width, height): ``<name>_openpose_coco18.zip``,
+    with COCO-18 bodies."""
     kind = "body25" if coco18_size is None else "coco18"
     path = safe_path(out_dir, name, f"_openpose_{kind}.zip")
     stem = safe_path(out_dir, name, "").name

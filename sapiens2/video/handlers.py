@@ -33,9 +33,11 @@ from .exports import (
     pose_arrays,
     save_npz,
     write_coco_tracks,
+    write_keypoints_csv,
     write_openpose_video,
     write_openpose_zip,
     write_pose_tracks,
+    write_wholebody_tracks,
 )
 from .smoothing import KeypointSmoother
 from .tracking import IoUTracker
@@ -348,8 +350,10 @@ class PoseFrames(FrameHandler):
         paths = [
             write_pose_tracks(out_dir, name, self.frames, size=size, fps=fps, meta=meta),
             write_coco_tracks(out_dir, name, self.frames, size=size, threshold=thr),
+            write_wholebody_tracks(out_dir, name, self.frames, threshold=thr),
             write_openpose_zip(out_dir, name, self.frames, threshold=thr),
             write_openpose_zip(out_dir, name, self.frames, threshold=thr, coco18_size=size),
+            write_keypoints_csv(out_dir, name, self.frames),
         ]
         video = write_openpose_video(out_dir, name, self.frames, size=size, fps=fps, threshold=thr)
         paths += [video] if video else []
