@@ -151,10 +151,10 @@ def _network_hw(hw: Sequence[int]) -> tuple[int, int]:
 def parse_network_size(text: str) -> tuple[int, int]:
     """``"256x192"`` -> (256, 192): height x width."""
     try:
-        h, w = text.lower().split("x")
-        return _network_hw((int(h), int(w)))
+        h, w = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise OptionError(f"--network-size takes HEIGHTxWIDTH, e.g. 512x384; got {text!r}.") from None
+    return _network_hw((h, w))
 
 
 def resolve_dtype(dtype: str | None, gpu: bool) -> str:

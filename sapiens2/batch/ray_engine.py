@@ -162,6 +162,13 @@ def start_ray(opts: RayOptions) -> bool:
     return True
 
 
+def step_cpus(spare: float) -> float:
+    """CPUs each read or finish task asks for, given the CPUs the actors leave: half a CPU on a
+    small machine, so a read and a finish run side by side on the one CPU left (neither waits for
+    all of the other's batches to be done), a whole CPU where there are several to spare."""
+    return 1.0 if spare >= 4 else 0.5
+
+
 def actor_resources(opts: RayOptions, tasks: int, cluster: dict[str, float]) -> tuple[float, float]:
     """(GPUs, CPUs) of one forward actor, checked against the cluster: the actors must leave at
     least one CPU for the read and finish steps, or the pipeline would wait forever."""
@@ -203,7 +210,9 @@ def run_ray(
     started = start_ray(opts)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = progress
-        gpus, cpus = actor_resources(opts, len(job.plans), ray.cluster_resources())
+        cluster = ray.cluster_resources()
+        gpus, cpus = actor_resources(opts, len(job.plans), cluster)
+        steps = step_cpus(cluster.get("CPU", 0) - cpus * opts.actors * len(job.plans))
         device = job.device or ("cuda" if gpus > 0 else "cpu")
         rows = [{"source": s, "tasks": list(t)} for s, t in todo]
         ds = ray.data.from_items(
@@ -214,7 +223,7 @@ def run_ray(
             fn_kwargs={"job": job},
             batch_size=job.batch_size,
             batch_format="pyarrow",
-            num_cpus=1,
+            num_cpus=steps,
         )
         for plan in job.plans:
             ds = ds.map_batches(
@@ -231,7 +240,7 @@ def run_ray(
             fn_kwargs={"job": job, "store": store},
             batch_size=job.part_rows(),
             batch_format="pyarrow",
-            num_cpus=1,
+            num_cpus=steps,
         )
         _commit_stream(ds, parts)
     finally:
