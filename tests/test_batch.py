@@ -219,8 +219,9 @@ def test_dense_and_feature_records_match_the_library(tiny_checkpoints, tmp_path)
     assert np.array_equal(records.read_array(row["albedo"]), albedo.albedo.astype(np.float16))
     feats = lib("pretrain")(img)
     assert np.array_equal(
-        np.asarray(table(out, "pretrain")["embedding"][0].as_py(), np.float32), feats.embedding
+        np.asarray(table(out, "features")["embedding"][0].as_py(), np.float32), feats.embedding
     )
+    assert batch.read_task(str(out), "pretrain").num_rows == 1  # OUT/features: the API name
 
 
 def test_the_cpu_stages_never_load_weights(tiny_checkpoints, tmp_path, monkeypatch):
@@ -368,6 +369,6 @@ def test_command_runs_and_reports(tiny_checkpoints, tmp_path, capsys):
             "--network-size", "128x96"]  # fmt: skip
     assert main(args) == 0
     cap = capsys.readouterr()
-    assert "pose: 2 rows (1 errors) · pretrain: 2 rows (1 errors) · 2 photos in" in cap.out
+    assert "pose: 2 rows (1 errors) · features: 2 rows (1 errors) · 2 photos in" in cap.out
     assert "error (pose)" in cap.err and "broken.jpg" in cap.err
     assert main(args) == 0 and "nothing to do" in capsys.readouterr().out

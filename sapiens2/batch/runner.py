@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import OptionError
+from ..tasks import registry
 from .job import BatchJob
 from .records import rows_table
 from .sources import list_sources
@@ -66,7 +67,10 @@ class Summary:
 
     def line(self) -> str:
         """``pose: 198 rows (2 errors) · seg: ... · 200 photos in 41.2 s (4.85 photos/s)``."""
-        per_task = " · ".join(f"{t}: {n} rows ({self.errors.get(t, 0)} errors)" for t, n in self.rows.items())
+        per_task = " · ".join(
+            f"{registry.get(t).api_name}: {n} rows ({self.errors.get(t, 0)} errors)"
+            for t, n in self.rows.items()
+        )
         skipped = f", {self.skipped} already done" if self.skipped else ""
         return (
             f"{per_task or 'nothing to do'} · {self.photos} photos in {self.seconds:.1f} s "

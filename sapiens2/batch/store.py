@@ -31,6 +31,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..errors import OptionError
+from ..tasks import registry
 from . import sources
 from .records import record_for
 
@@ -64,7 +65,8 @@ class Store:
         return (Store, (self.out, self.filesystem))
 
     def folder(self, task: str) -> str:
-        return f"{self.root}/{task}"
+        """``OUT/<task>``, named by the task's API name (``features``, not ``pretrain``)."""
+        return f"{self.root}/{registry.get(task).api_name}"
 
     # -- the done set
 
@@ -176,6 +178,7 @@ def _fsync(path: str) -> None:
 
 
 def read_task(out: str, task: str, filesystem: pafs.FileSystem | None = None) -> pa.Table:
-    """Every committed row of ``task`` under ``out`` (what ``pyarrow.dataset.dataset`` reads)."""
-    fs, root = sources.resolve(str(out), filesystem)
-    return pads.dataset(f"{root.rstrip('/')}/{task}", filesystem=fs, format="parquet").to_table()
+    """Every committed row of ``task`` (zoo or API name) under ``out``, as
+    ``pyarrow.dataset.dataset("OUT/<task>")`` reads them."""
+    store = Store(str(out), filesystem)
+    return pads.dataset(store.folder(task), filesystem=store.fs, format="parquet").to_table()

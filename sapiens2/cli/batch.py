@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     for task, where, error in summary.quoted:
-        print(f"error ({task}) {where}: {error}", file=sys.stderr)
+        print(f"error ({registry.get(task).api_name}) {where}: {error}", file=sys.stderr)
     failed = sum(summary.errors.values())
     if failed > len(summary.quoted):
         print(f"... {failed - len(summary.quoted)} more errors (the rows' error column)", file=sys.stderr)
