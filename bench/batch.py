@@ -12,8 +12,8 @@ its start-up is part of what is measured). Per run:
   photos take at that rate): model loads, and for Ray its start, workers and actors;
 * bytes per photo passed between the steps (Ray: the pickled items, as they travel).
 
-Then, apart from the runs, the bytes one photo's prep holds per task next to the working copy and
-the network input (what round 2 should bring pose's down to). Tiny checkpoints
+Then, apart from the runs, the bytes of one photo's prep and raw per task next to the working copy
+and the network input (what round 2 should bring pose's down to). Tiny checkpoints
 (``tests/tiny_checkpoints.py``) at ``--network-size``; pose uses the whole photo as its box.
 
     python bench/batch.py                                   # pose, 200 photos, 3 repetitions (~10 min here)
@@ -102,17 +102,19 @@ def one_run(engine: str, job: BatchJob, photos_dir: Path, ray_opts: Any) -> dict
             "errors": errors, "between": summary.bytes_between, "load": f"{before} -> {load()}"}  # fmt: skip
 
 
-def prep_bytes(job: BatchJob, photo: Path) -> list[str]:
-    """Per task: pickled prep, the photo's working copy and the network input, in bytes."""
+def stage_bytes(job: BatchJob, photo: Path) -> list[str]:
+    """Per task, one photo: the pickled prep (prepare -> forward) and raw (forward -> finish), the
+    photo's working copy and the network input, in bytes."""
     intake = load_image(photo)
     lines = []
     for plan in job.plans:
         stage = TaskStages(plan)
         prep = stage.prepare(intake)
-        hw = plan.network_hw or stage.cpu_pipeline().network_hw
-        lines.append(
-            f"| {plan.task} | {len(pickle.dumps(prep, protocol=5)):,} | {intake.work.nbytes:,} | {hw[0] * hw[1] * 3:,} |"
-        )
+        stage.load("cpu", job.dtype)
+        raw = stage.forward([prep])[0]
+        hw = stage.cpu_pipeline().network_hw
+        sizes = (len(pickle.dumps(prep, protocol=5)), len(pickle.dumps(raw, protocol=5)), intake.work.nbytes)
+        lines.append(f"| {plan.task} | {' | '.join(f'{n:,}' for n in sizes)} | {hw[0] * hw[1] * 3:,} |")
     return lines
 
 
@@ -169,6 +171,8 @@ def main() -> None:
         med = {}
         for engine in args.engines:
             mine = [r for r in runs if r["engine"] == engine]
+            if not mine:
+                continue
             rates, starts = [r["rate"] for r in mine], [r["start"] for r in mine]
             med[engine] = statistics.median(rates)
             print(f"| {engine} | {len(mine)} | {med[engine]:.2f} ({', '.join(f'{x:.2f}' for x in rates)}) | "
@@ -177,9 +181,10 @@ def main() -> None:
         if len(med) == 2:
             print(f"\nray / local throughput once started: {med['ray'] / med['local']:.2f} (target >= 0.7)")
         print(
-            "\n| task | prep bytes (pickled) | working copy bytes | network input bytes |\n|---|---|---|---|"
+            "\n| task | prep bytes (pickled) | raw bytes (pickled) | working copy bytes | network input bytes |"
         )
-        print("\n".join(prep_bytes(BatchJob(plans, str(tmp / "x")), made[0])))
+        print("|---|---|---|---|---|")
+        print("\n".join(stage_bytes(BatchJob(plans, str(tmp / "x")), made[0])))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

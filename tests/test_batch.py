@@ -337,12 +337,17 @@ def test_actor_resources_always_leave_a_cpu_for_the_cpu_steps():
 
     assert actor_resources(RayOptions(), 1, {"CPU": 2}) == (0.0, 1.0)
     assert actor_resources(RayOptions(), 2, {"CPU": 2}) == (0.0, 0.5)  # two tasks share the spare CPU
-    assert actor_resources(RayOptions(actors=2), 1, {"CPU": 16, "GPU": 2}) == (1.0, 1.0)
-    assert actor_resources(RayOptions(gpus_per_actor=0.25, actors=4), 1, {"CPU": 8, "GPU": 1}) == (0.25, 1.0)
+    assert actor_resources(RayOptions(actors=2), 1, {"CPU": 16, "GPU": 2}, gpu=True) == (1.0, 1.0)
+    assert actor_resources(RayOptions(gpus_per_actor=0.25, actors=4), 1, {"CPU": 8, "GPU": 1}, True) == (
+        0.25,
+        1.0,
+    )
     with pytest.raises(OptionError, match="leave no CPU"):
         actor_resources(RayOptions(actors=2, cpus_per_actor=1), 1, {"CPU": 2})
     with pytest.raises(OptionError, match="has 0 GPU"):
-        actor_resources(RayOptions(gpus_per_actor=1), 1, {"CPU": 2})
+        actor_resources(RayOptions(), 1, {"CPU": 2}, gpu=True)
+    with pytest.raises(OptionError, match="resolved for a CPU forward"):  # flip test, dtype: CPU defaults
+        actor_resources(RayOptions(gpus_per_actor=1), 1, {"CPU": 4, "GPU": 1}, gpu=False)
 
 
 def test_command_line_errors_are_one_line(tiny_checkpoints, tmp_path, capsys):
@@ -372,3 +377,22 @@ def test_command_runs_and_reports(tiny_checkpoints, tmp_path, capsys):
     assert "pose: 2 rows (1 errors) · features: 2 rows (1 errors) · 2 photos in" in cap.out
     assert "error (pose)" in cap.err and "broken.jpg" in cap.err
     assert main(args) == 0 and "nothing to do" in capsys.readouterr().out
+
+
+def test_a_workers_package_error_reaches_the_command_as_itself():
+    """An actor that cannot load its model fails in Ray with the error as text only."""
+    from sapiens2.batch.ray_engine import _package_cause
+    from sapiens2.errors import WeightsUnavailableError
+
+    died = RuntimeError(
+        "The actor died because of an error raised in its creation task ...\n  File weights.py, line 133\n"
+        "sapiens2.errors.WeightsUnavailableError: Weights for facebook/sapiens2-seg-0.4b are not available here.\n"
+    )
+    found = _package_cause(died)
+    assert isinstance(found, WeightsUnavailableError) and str(found).startswith(
+        "Weights for facebook/sapiens2-seg"
+    )
+    chained = RuntimeError("wrapper")
+    chained.__cause__ = OptionError("the real one")
+    assert str(_package_cause(chained)) == "the real one"
+    assert _package_cause(RuntimeError("sapiens2.errors.NoSuchError: made up")) is None

@@ -98,7 +98,12 @@ def model_plan(task: str, size: str | None, checkpoint: str | Path | None, gpu: 
     if checkpoint is None:
         if size is not None:
             spec.check_size(size)
-        return ModelPlan(spec.name, size or spec.default_size(gpu), None)
+        size = size or spec.default_size(gpu)
+        if not spec.on_hub:  # only a local file can serve it: say so now, not in a worker
+            from ..models.loading import resolve_checkpoint
+
+            resolve_checkpoint(spec.name, size)
+        return ModelPlan(spec.name, size, None)
     from ..models.loading import checkpoint_size_conflict, describe_checkpoint
 
     path = Path(checkpoint).expanduser()

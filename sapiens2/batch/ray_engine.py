@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import OptionError
+from .. import errors
+from ..errors import OptionError, Sapiens2Error
 from ..runtime.cpus import available_cpus
 from . import flow
 from .job import BatchJob
@@ -45,7 +47,7 @@ class RayOptions:
 
     address: str | None = None  # a cluster to join (``ray://host:10001``, ``auto``); None: start one here
     actors: int = 1  # forward actors per task
-    gpus_per_actor: float | None = None  # None: 1 when the cluster has GPUs, else 0 (CPU forwards)
+    gpus_per_actor: float | None = None  # None: 1 when the job is for a GPU (BatchJob.gpu), else 0
     cpus_per_actor: float | None = None  # None: 1 beside a GPU; on CPUs, a share that leaves 1 CPU free
     cpus: int | None = None  # a local Ray's CPUs (default: this process's)
     object_store_bytes: int | None = None  # a local Ray's object store (default: Ray's)
@@ -169,17 +171,26 @@ def step_cpus(spare: float) -> float:
     return 1.0 if spare >= 4 else 0.5
 
 
-def actor_resources(opts: RayOptions, tasks: int, cluster: dict[str, float]) -> tuple[float, float]:
-    """(GPUs, CPUs) of one forward actor, checked against the cluster: the actors must leave at
-    least one CPU for the read and finish steps, or the pipeline would wait forever."""
+def actor_resources(
+    opts: RayOptions, tasks: int, cluster: dict[str, float], gpu: bool = False
+) -> tuple[float, float]:
+    """(GPUs, CPUs) of one forward actor, checked against the cluster and the job (``gpu``: its
+    options were resolved for a GPU forward). The actors must leave at least one CPU for the read
+    and finish steps, or the pipeline would wait forever."""
     cpus, gpus = float(cluster.get("CPU", 0)), float(cluster.get("GPU", 0))
     if opts.actors < 1:
         raise OptionError(f"--actors must be at least 1; got {opts.actors}.")
-    per_gpu = opts.gpus_per_actor if opts.gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
+    per_gpu = opts.gpus_per_actor if opts.gpus_per_actor is not None else (1.0 if gpu else 0.0)
     if per_gpu < 0 or per_gpu > gpus:
         raise OptionError(
             f"--gpus-per-actor {per_gpu:g} but this Ray cluster has {gpus:g} GPU(s); "
             "use 0 for CPU forwards or join a cluster with GPUs (--address)."
+        )
+    if (per_gpu > 0) != gpu:
+        where = "a GPU" if gpu else "a CPU"
+        raise OptionError(
+            f"The job's options were resolved for {where} forward, but the actors get {per_gpu:g} GPU; "
+            "make the job and --gpus-per-actor agree."
         )
     actors = opts.actors * tasks
     per_cpu = opts.cpus_per_actor
@@ -211,9 +222,9 @@ def run_ray(
     try:
         ray.data.DataContext.get_current().enable_progress_bars = progress
         cluster = ray.cluster_resources()
-        gpus, cpus = actor_resources(opts, len(job.plans), cluster)
+        gpus, cpus = actor_resources(opts, len(job.plans), cluster, job.gpu)
         steps = step_cpus(cluster.get("CPU", 0) - cpus * opts.actors * len(job.plans))
-        device = job.device or ("cuda" if gpus > 0 else "cpu")
+        device = "cuda" if gpus > 0 else "cpu"  # Ray shows each actor only its own GPUs
         rows = [{"source": s, "tasks": list(t)} for s, t in todo]
         ds = ray.data.from_items(
             rows, override_num_blocks=min(len(rows), math.ceil(len(rows) / job.batch_size))
@@ -242,10 +253,42 @@ def run_ray(
             batch_format="pyarrow",
             num_cpus=steps,
         )
-        _commit_stream(ds, parts)
+        try:
+            _commit_stream(ds, parts)
+        except (
+            Exception
+        ) as err:  # a worker's package error (weights missing ...) as itself, not Ray's wrapper
+            cause = _package_cause(err)
+            if cause is None:
+                raise
+            raise cause from None
     finally:
         if started:
             ray.shutdown()
+
+
+_QUOTED_ERROR = re.compile(r"sapiens2\.errors\.(\w+): ([^\n]+)")
+
+
+def _package_cause(err: BaseException) -> Sapiens2Error | None:
+    """The package error inside a Ray error: its ``cause`` or the exception chain, else the last
+    one quoted in its message (an actor's failed start reaches the driver as text only)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, Sapiens2Error):
+            return e
+        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    quoted = _QUOTED_ERROR.findall(str(err))
+    if quoted:
+        kind = getattr(errors, quoted[-1][0], None)
+        if isinstance(kind, type) and issubclass(kind, Sapiens2Error):
+            return kind(quoted[-1][1])
+    return None
 
 
 def _commit_stream(ds: Any, parts: Parts) -> None:
