@@ -32,6 +32,7 @@ DISTRIBUTION = {"PIL": "pillow", "cv2": "opencv-python-headless"}
 OPTIONAL = {
     "spaces": "sapiens2/zerogpu/entry.py uses it only on ZeroGPU (the app extra installs it)",
     "triton": "sapiens2/runtime/accel.py compiles with it only on a CUDA build of torch, which ships it",
+    "ray": "sapiens2/batch/ray_engine.py imports it only for --engine ray (the ray extra installs it)",
 }
 
 

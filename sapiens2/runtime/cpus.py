@@ -1,5 +1,11 @@
 """The CPUs this process may use, and pools of one thread per CPU for work that splits into
-independent pieces (PNG blocks, seg's label rows). No torch here: the file writers use it too."""
+independent pieces (PNG blocks, seg's label rows). No torch here: the file writers use it too.
+
+A process that shares its machine under a scheduler (a Ray task or actor given 1 of 16 CPUs) sets
+a CPU budget: :func:`set_cpu_budget`, or ``$SAPIENS2_CPUS`` for a process started with it. The
+budget caps :func:`available_cpus`, so the pools here and torch's thread count
+(``runtime.accel.configure_cpu_threads``) stay within what the scheduler gave; without it, every
+such process would start a thread per host CPU."""
 
 from __future__ import annotations
 
@@ -26,8 +32,51 @@ def _cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
         return None
 
 
+#: Env var holding this process's CPU budget (a number; fractions round up), read when no budget
+#: was set in the process itself.
+CPU_BUDGET_ENV = "SAPIENS2_CPUS"
+
+_budget: int | None = None
+
+
+def _cpus(value: float | str) -> int:
+    """A budget as whole CPUs: fractions round up (a 0.5-CPU share still runs one thread), >= 1."""
+    n = float(value)
+    if not math.isfinite(n) or n <= 0:
+        raise ValueError(f"a CPU budget must be a positive number; got {value!r}")
+    return max(1, math.ceil(n))
+
+
+def cpu_budget() -> int | None:
+    """The CPU budget of this process: set by :func:`set_cpu_budget`, else ``$SAPIENS2_CPUS``
+    (ignored when it is not a positive number), else None (no budget)."""
+    if _budget is not None:
+        return _budget
+    raw = os.environ.get(CPU_BUDGET_ENV, "").strip()
+    try:
+        return _cpus(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def set_cpu_budget(cpus: float | None) -> int | None:
+    """Cap this process at ``cpus`` CPUs (None: no cap but the machine's); returns the budget in
+    whole CPUs. Pools made under another size are let go (their queued work still runs), so the
+    next :func:`cpu_pool` call makes one of the new size."""
+    global _budget
+    budget = None if cpus is None else _cpus(cpus)
+    with _pools_lock:
+        _budget = budget
+        old = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in old:
+        pool.shutdown(wait=False)
+    return budget
+
+
 def available_cpus() -> int:
-    """CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota; at least 1."""
+    """CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota and by the
+    CPU budget (:func:`cpu_budget`); at least 1."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # macOS / Windows have no affinity call
@@ -35,6 +84,9 @@ def available_cpus() -> int:
     limit = _cgroup_cpu_limit()
     if limit is not None:
         n = min(n, math.ceil(limit))  # a 1.5-CPU quota still runs two threads usefully
+    budget = cpu_budget()
+    if budget is not None:
+        n = min(n, budget)
     return max(1, n)
 
 

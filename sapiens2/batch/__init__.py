@@ -1,0 +1,34 @@
+"""``sapiens2 batch``: the Space's results over whole datasets, in this process or on a Ray cluster.
+
+The building blocks, lowest first: :mod:`.records` (a declared Arrow schema per task and the row
+made from a result), :mod:`.sources` (what INPUT names, read through pyarrow's filesystems),
+:mod:`.store` (OUT: one Parquet dataset per task, written in committed parts, resumable),
+:mod:`.job` (the run's plan, resolved once), :mod:`.stages` (THE adapter to the task pipelines:
+prepare / forward / finish), :mod:`.flow` (the steps both engines run, with per-photo errors),
+:mod:`.runner` (a run from listing to summary), and the engines :mod:`.local` and
+:mod:`.ray_engine` (imported only when asked for: nothing here imports Ray).
+
+``run(job, INPUT, engine="local")`` is the Python entry; ``sapiens2 batch`` (``sapiens2.cli.batch``)
+builds the job from the command line. docs/USAGE.md shows both; docs/SCALE.md a cluster.
+"""
+
+from __future__ import annotations
+
+from .job import BatchJob, ModelPlan, TaskPlan, task_plan
+from .records import RECORDS, column_arrays, read_array, read_png
+from .runner import Summary, run
+from .store import read_task
+
+__all__ = [
+    "RECORDS",
+    "BatchJob",
+    "ModelPlan",
+    "Summary",
+    "TaskPlan",
+    "column_arrays",
+    "read_array",
+    "read_png",
+    "read_task",
+    "run",
+    "task_plan",
+]

@@ -1,0 +1,140 @@
+"""THE adapter between the batch engines and today's task pipelines: per task, ``prepare(intake)
+-> prep`` (CPU), ``forward(preps) -> raws`` (the device, weights loaded once), ``finish(raw,
+geometry, source) -> row`` (CPU). The engines know nothing else of the tasks.
+
+Round 1 (this file): the CPU stages run the task's own ``prepare`` and ``finish`` on a pipeline
+built around :class:`NoWeights`, a stand-in module that holds no weights (prepare and finish read
+only the model's size, device and dtype; calling it raises), so a CPU worker never loads a model.
+``finish`` gets the photo's geometry, not the photo: :meth:`Geometry.intake` is an ``Intake`` whose
+pixels are a broadcast zero (no memory), since finish reads only sizes, scales and notices from it.
+Round 2 swaps in the tasks' weight-free stages here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..inputs.intake import Intake
+from ..tasks import registry
+from .job import ModelPlan, TaskPlan
+from .records import result_row
+
+
+class NoWeights(torch.nn.Module):
+    """Stands in for a model where only its size, device and dtype are read (the CPU stages)."""
+
+    def __init__(self, size: str | None, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.size = size
+        self.anchor = torch.nn.Parameter(torch.empty(0, device="meta", dtype=dtype), requires_grad=False)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "The batch CPU stages called a model; only the forward step may (round-1 adapter)."
+        )
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What ``finish`` needs of a decoded photo: sizes, scale, notices, name (a few hundred bytes)."""
+
+    size_hw: tuple[int, int]
+    work_hw: tuple[int, int]
+    scale: float
+    notices: tuple[str, ...] = ()
+    name: str = "image"
+    reduction: int = 1
+    source_size: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, intake: Intake) -> Geometry:
+        return cls(
+            intake.size_hw,
+            (int(intake.work.shape[0]), int(intake.work.shape[1])),
+            intake.scale,
+            tuple(intake.notices),
+            intake.name,
+            intake.reduction,
+            intake.source_size,
+        )
+
+    def intake(self) -> Intake:
+        """An Intake of this geometry whose pixels take no memory (read-only zeros)."""
+        zero = np.zeros((1, 1, 3), np.uint8)
+        rgb = np.broadcast_to(zero, (*self.size_hw, 3))
+        work = rgb if self.work_hw == self.size_hw else np.broadcast_to(zero, (*self.work_hw, 3))
+        return Intake(rgb, work, self.scale, list(self.notices), self.name, self.reduction, self.source_size)
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+@dataclass
+class TaskStages:
+    """One task's three stages for the engines (see the module docstring)."""
+
+    plan: TaskPlan
+    _cpu: Any = field(default=None, repr=False)
+    _device: Any = field(default=None, repr=False)
+
+    @property
+    def task(self) -> str:
+        return self.plan.task
+
+    # -- CPU side: no weights
+
+    def _sized(self, pipe: Any) -> Any:
+        if self.plan.network_hw is not None:
+            pipe.input_hw = self.plan.network_hw
+        return pipe
+
+    def _shell(self, model: ModelPlan, **kwargs: Any) -> Any:
+        decl = registry.get(model.task)
+        return self._sized(decl.pipeline(model.size, model=NoWeights(model.size), **kwargs))
+
+    def cpu_pipeline(self) -> Any:
+        """The task's pipeline without weights (built once)."""
+        if self._cpu is None:
+            borrowed = {b.task: self._shell(b) for b in self.plan.borrowed}
+            self._cpu = self._shell(self.plan.model, **self.plan.pipeline_kwargs, **borrowed)
+        return self._cpu
+
+    def prepare(self, intake: Intake) -> Any:
+        return self.cpu_pipeline().prepare(intake, **self.plan.options)
+
+    def finish(self, raw: Any, geometry: Geometry, source: str) -> dict[str, Any]:
+        result = self.cpu_pipeline().finish(raw, geometry.intake(), **self.plan.options)
+        return result_row(self.task, source, result)
+
+    # -- device side: the weights, loaded once per process
+
+    def load(self, device: str, dtype: str) -> Any:
+        """The task's pipeline with its weights on ``device`` (built once), and what it borrows."""
+        if self._device is None:
+            kw = {"device": device, "dtype": _dtype(dtype)}
+            borrowed = {}
+            for b in self.plan.borrowed:  # no checkpoint: the pipeline loads it by size when needed
+                if b.checkpoint is not None:
+                    pipe = registry.get(b.task).pipeline(b.size, checkpoint=b.checkpoint, **kw)
+                    borrowed[b.task] = self._sized(pipe)
+            m = self.plan.model
+            decl = registry.get(m.task)
+            pipe = decl.pipeline(
+                m.size, checkpoint=m.checkpoint, **kw, **self.plan.pipeline_kwargs, **borrowed
+            )
+            self._device = self._sized(pipe)
+        return self._device
+
+    def forward(self, preps: list[Any]) -> list[Any]:
+        if self._device is None:
+            raise RuntimeError("TaskStages.load() comes before forward().")
+        return list(self._device.infer(preps, **self.plan.options))
+
+
+def stages_for(plans: tuple[TaskPlan, ...]) -> dict[str, TaskStages]:
+    return {p.task: TaskStages(p) for p in plans}

@@ -1,0 +1,180 @@
+"""``sapiens2 batch TASK [TASK...] INPUT --out OUT``: tasks over a whole dataset into one Parquet
+dataset per task (``OUT/<task>/``), in this process (``--engine local``, the default) or on Ray
+(``--engine ray``; ``--address`` joins a cluster). A rerun into the same OUT does only what is
+missing. The run's work is :mod:`sapiens2.batch`; this module reads the command line into a job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..errors import Sapiens2Error
+from ..tasks import registry
+from .tasks import DTYPES, add_option, flag
+
+NAME = "batch"
+HELP = (
+    "Run tasks over a whole dataset (a folder, a glob, a list of paths, a bucket) into one Parquet "
+    "dataset per task, in this process or on a Ray cluster; a rerun skips what is done."
+)
+
+
+def _batch_tasks() -> list[registry.Task]:
+    """Every declared task (each has a batch record: tests/test_batch.py checks), without importing
+    the batch package here: building the parser stays as light as for the per-task commands."""
+    return list(registry.declared().values())
+
+
+def add(parser: argparse.ArgumentParser) -> None:
+    names = ", ".join(t.api_name for t in _batch_tasks())
+    parser.add_argument("tasks", nargs="+", metavar="TASK", help=f"what to compute: {names}")
+    parser.add_argument(
+        "input",
+        metavar="INPUT",
+        help="a folder, a glob, a .txt or .parquet list of paths, an image, or a URI (s3://, gs://, hf://, file://)",
+    )
+    parser.add_argument("--out", "-o", required=True, help="OUT: a folder or URI; OUT/<task>/ per task")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local", help="default: %(default)s")
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="TASK=PATH",
+                        help="a task's .safetensors file or folder (repeat per task)")  # fmt: skip
+    parser.add_argument("--size", action="append", default=[], metavar="[TASK=]SIZE",
+                        help="model size, for every task or one (default: the task's default for the device)")  # fmt: skip
+    parser.add_argument(
+        "--device", help="the local engine's device: cpu, cuda, cuda:1 ... (default: cuda when available)"
+    )
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), help="weights dtype (default: bfloat16 on GPU, float32 on CPU)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=8, metavar="N", help="photos per forward (default 8)"
+    )
+    parser.add_argument("--rows-per-part", type=int, metavar="N",
+                        help="rows per committed Parquet part (default: 256; 16 with photo-size arrays)")  # fmt: skip
+    parser.add_argument("--network-size", metavar="HxW",
+                        help="network input instead of the checkpoint's (models trained at another size, quick tests)")  # fmt: skip
+    ray = parser.add_argument_group("ray engine")
+    ray.add_argument(
+        "--address", help="a Ray cluster to join (e.g. auto, ray://head:10001); default: start one here"
+    )
+    ray.add_argument("--actors", type=int, default=1, metavar="N", help="forward actors per task (default 1)")
+    ray.add_argument("--gpus-per-actor", type=float, metavar="G",
+                     help="GPUs per forward actor, fractions share a GPU (default: 1 with --address or a local "
+                     "GPU, else 0)")  # fmt: skip
+    ray.add_argument("--cpus-per-actor", type=float, metavar="C",
+                     help="CPUs per forward actor (default: 1 beside a GPU; on CPUs a share leaving one CPU free)")  # fmt: skip
+    _add_task_options(parser)
+
+
+def _add_task_options(parser: argparse.ArgumentParser) -> None:
+    """Every batch task's inference options (one flag per name: tasks sharing a name share it) and
+    pipeline switches. Rendering options are not here: rows hold data, not pictures."""
+    group = parser.add_argument_group("task options (each applies to the tasks named before its help)")
+    having: dict[str, list[str]] = {}
+    for task in _batch_tasks():
+        for opt in task.options:
+            if opt.stage == "infer":
+                having.setdefault(opt.name, []).append(task.api_name)
+    for task in _batch_tasks():
+        for opt in task.options:
+            if opt.stage == "infer" and opt.name in having:
+                add_option(group, task, opt)
+                group._group_actions[
+                    -1
+                ].help = f"{', '.join(having.pop(opt.name))}: {opt.describe(gpu=False)}"
+        for switch in task.cli_switches:
+            group.add_argument(switch.flag, action="store_true", help=f"{task.api_name}: {switch.help}")
+
+
+def _sizes(specs: list[str]) -> tuple[str | None, dict[str, str]]:
+    """``--size`` values: (the size for every task, {task zoo name: size})."""
+    from ..errors import OptionError
+
+    every, per_task = None, {}
+    for spec in specs:
+        task, sep, size = spec.partition("=")
+        if sep:
+            per_task[registry.get(task.strip()).name] = size.strip()
+        elif every is not None:
+            raise OptionError("--size without TASK= is given twice.")
+        else:
+            every = spec.strip()
+    return every, per_task
+
+
+def _on_gpu(args: argparse.Namespace) -> bool:
+    if args.engine == "ray":
+        return (args.gpus_per_actor or 0) > 0
+    if args.device:
+        return args.device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def build_job(args: argparse.Namespace) -> tuple[Any, str, Any]:
+    """(the job, INPUT, the engine's options) from the command line; OptionError / CheckpointError
+    for anything unusable."""
+    from ..batch.job import BatchJob, parse_network_size, resolve_dtype, task_plan
+    from ..errors import OptionError
+    from ..serving.checkpoints import parse_checkpoint_specs
+
+    names, source = args.tasks, args.input
+    if args.engine == "ray" and args.gpus_per_actor is None:
+        args.gpus_per_actor = 1.0 if args.address or _local_gpu() else 0.0
+    gpu = _on_gpu(args)
+    checkpoints = parse_checkpoint_specs(args.checkpoint)
+    every, per_task = _sizes(args.size)
+    hw = parse_network_size(args.network_size) if args.network_size else None
+    plans = []
+    for name in dict.fromkeys(registry.get(n).name for n in names):
+        task = registry.get(name)
+        values = {o.name: getattr(args, o.name, None) for o in task.options if o.stage == "infer"}
+        switches: dict[str, Any] = {}
+        for switch in task.cli_switches:
+            if getattr(args, switch.flag.lstrip("-").replace("-", "_"), False):
+                switches.update(switch.kwargs)
+        plans.append(
+            task_plan(name, values=values, size=per_task.get(name, every), checkpoints=checkpoints,
+                      pipeline_kwargs=switches, gpu=gpu, network_hw=hw, where=flag)
+        )  # fmt: skip
+    if args.batch_size < 1 or (args.rows_per_part is not None and args.rows_per_part < 1):
+        raise OptionError("--batch-size and --rows-per-part must be at least 1.")
+    job = BatchJob(
+        tuple(plans), args.out, gpu=gpu, dtype=resolve_dtype(DTYPES.get(args.dtype or ""), gpu),
+        device=args.device, batch_size=args.batch_size, rows_per_part=args.rows_per_part,
+    )  # fmt: skip
+    engine_options = None
+    if args.engine == "ray":
+        from ..batch.ray_engine import RayOptions
+
+        engine_options = RayOptions(args.address, args.actors, args.gpus_per_actor, args.cpus_per_actor)
+    return job, source, engine_options
+
+
+def _local_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..batch import run as run_batch
+
+    try:
+        job, source, engine_options = build_job(args)
+        summary = run_batch(job, source, engine=args.engine, engine_options=engine_options)
+    except (Sapiens2Error, KeyError) as err:  # before any photo: once, without a traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for task, where, error in summary.quoted:
+        print(f"error ({registry.get(task).api_name}) {where}: {error}", file=sys.stderr)
+    failed = sum(summary.errors.values())
+    if failed > len(summary.quoted):
+        print(f"... {failed - len(summary.quoted)} more errors (the rows' error column)", file=sys.stderr)
+    print(summary.line())
+    if summary.bytes_between:
+        sent = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in summary.bytes_between.items())
+        print(f"passed between steps per photo: {sent}")
+    rows = sum(summary.rows.values())
+    return 1 if rows and failed == rows else 0
