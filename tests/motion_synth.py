@@ -9,7 +9,9 @@ import numpy as np
 from sapiens2.data.metadata import KEYPOINT_GROUPS, keypoint_index
 
 
-def walker(frames: int = 20, fps: float = 10.0, x0: float = 0.0, z0: float = 3.0, phase: float = 0.0) -> np.ndarray:
+def walker(
+    frames: int = 20, fps: float = 10.0, x0: float = 0.0, z0: float = 3.0, phase: float = 0.0
+) -> np.ndarray:
     """(frames, 308, 3) metres: a person at (x0, 0, z0) walking in place (1 Hz stride)."""
     out = np.full((frames, 308, 3), np.nan, np.float32)
     for f in range(frames):
@@ -36,7 +38,10 @@ def walker(frames: int = 20, fps: float = 10.0, x0: float = 0.0, z0: float = 3.0
         for side in ("left", "right"):
             w = out[f, keypoint_index(f"{side}_wrist")]
             hand = KEYPOINT_GROUPS[f"{side}_hand"]
-            offsets = np.stack([np.linspace(-0.04, 0.04, len(hand)), np.linspace(0.02, 0.1, len(hand)), np.zeros(len(hand))], 1)
+            offsets = np.stack(
+                [np.linspace(-0.04, 0.04, len(hand)), np.linspace(0.02, 0.1, len(hand)), np.zeros(len(hand))],
+                1,
+            )
             out[f, hand] = w + offsets
     return out
 
