@@ -11,7 +11,8 @@ factor per frame, one factor per frame undoes it:
    ran with it), and known in the running reference.
 3. **Fit**: ``log f = median(ref - log z)`` over the stable pixels, refined by a few Huber
    reweighting steps (threshold 1.345 robust sigmas), so pixels that moved (a person the mask
-   missed, a door) count little.
+   missed, a door) count little. A factor more than :data:`MAX_STEP` (log) from the previous
+   frame's is not scale jitter (a cut, a camera move): that frame falls back as in 5.
 4. **Reference**: the aligned log depth of the stable pixels, smoothed over time (an exponential
    average with weight :data:`REFERENCE_RATE`); a pixel disagreeing with it by more than
    :data:`GATE` is not averaged in, and is replaced after :data:`REPLACE_AFTER` disagreeing
@@ -40,6 +41,7 @@ GATE = 0.05  # log-depth: 5 %
 REFERENCE_RATE = 0.2
 REPLACE_AFTER = 10
 HUBER_STEPS = 4
+MAX_STEP = 0.4  # log factor: a frame-to-frame change beyond ~50% is not taken from the depth
 
 
 @dataclass
@@ -84,11 +86,12 @@ class DepthAligner:
             fit = FrameFit(0.0, int(still.sum()), "reference" if still.any() else "none")
         else:
             stable = still & np.isfinite(self._ref)
+            fit = None
             if int(stable.sum()) >= MIN_STABLE:
-                fit = FrameFit(
-                    _huber_location(self._ref[stable] - logz[stable]), int(stable.sum()), "reference"
-                )
-            else:
+                log_f = _huber_location(self._ref[stable] - logz[stable])
+                if abs(log_f - self.fits[-1].log_factor) <= MAX_STEP:  # else: a cut or a camera move
+                    fit = FrameFit(log_f, int(stable.sum()), "reference")
+            if fit is None:
                 fit = self._from_scale(scale, int(stable.sum()))
         if _usable(scale):
             self._last_scale = (math.log(float(scale)), fit.log_factor)
