@@ -114,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
         done += 1
         for note in result.notices:
             print(f"note ({path.name}): {note}", file=sys.stderr)
-        print(f"{path.name}: {result.frames} frames, {result.people} people -> {result.glb}")
+        t = result.timing
+        print(
+            f"{path.name}: {result.frames} frames, {result.people} people -> {result.glb} (pose {t['pose_s']:.1f} s, "
+            f"pointmap {t['pointmap_s']:.1f} s, motion files {t['motion_s']:.1f} s)"
+        )
     failed = len(clips) - done + len(missing)
     print(f"{done} done, {failed} failed in {time.perf_counter() - t0:.1f} s (outputs in {out_root})")
     return 0 if done else 1
