@@ -104,3 +104,15 @@ def test_motion_refuses_a_path_it_never_received(server) -> None:
     assert_refused(event, data, text, CLIP_REFUSAL)
     event, data, text = server.call("motion", [None, None, 1, None, 5, True])
     assert event == "error" and "clip" in data["error"].lower()
+
+
+def test_the_pointmap_pass_handler_crosses_a_process_boundary() -> None:
+    """On ZeroGPU the clip's spec (with the motion's handler) is pickled into the GPU worker."""
+    import pickle
+
+    from sapiens2.video.motion import MotionDepth, MotionOptions
+
+    pose = {"frame": np.arange(3), "track_ids": np.zeros((3, 1), np.int32),
+            "boxes": np.zeros((3, 1, 4), np.float32), "keypoints_raw": np.zeros((3, 1, 308, 2), np.float32)}  # fmt: skip
+    back = pickle.loads(pickle.dumps(MotionDepth(pose, MotionOptions(max_gap=2))))
+    assert back.options.max_gap == 2 and back.pose["keypoints_raw"].shape == (3, 1, 308, 2)

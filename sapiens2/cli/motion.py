@@ -71,7 +71,8 @@ def _pipelines(args: argparse.Namespace) -> tuple[Any, Any]:
     ckpt = parse_checkpoint_specs(args.checkpoint)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     common = {"device": args.device, "dtype": dtype}
-    seg = SegPipeline(args.size, checkpoint=ckpt.get("seg"), **common) if "seg" in ckpt else None
+    seg_file = ckpt.get(SegPipeline.task)  # none: the pointmap loads its own seg when it needs it
+    seg = None if seg_file is None else SegPipeline(args.size, checkpoint=seg_file, **common)
     pointmap = PointmapPipeline(args.size, checkpoint=ckpt.get("pointmap"), seg=seg, **common)
     detector = None if args.no_detector else "auto"
     pose = PosePipeline(args.size, checkpoint=ckpt.get("pose"), detector=detector, **common)

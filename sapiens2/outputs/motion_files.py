@@ -1,6 +1,7 @@
 """A clip's 3D motion as files: an animated glTF skeleton per person, the arrays, a long CSV.
 
-* ``write_motion_glb``: glTF 2.0, one skin per person over a node hierarchy (a root node, then
+* ``write_motion_glb``: glTF 2.0, one skin per person over a node hierarchy (a root node, the
+  skin's skeleton root but not a joint, so Blender makes it the armature; under it
   :func:`sapiens2.outputs.skeleton3d.joint_tree`'s joints), and one animation with a keyframe
   per processed frame: every joint's ``translation`` (LINEAR) and each person's root ``scale``
   (STEP: 1 while the person is in the picture, 0 while not). Joints have no rotation: a bone is
@@ -62,7 +63,7 @@ def filled_joints(joints: np.ndarray, parents: np.ndarray) -> np.ndarray:
 
 
 def _stick_mesh(rest: np.ndarray, parents: np.ndarray, colors: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Vertices, triangles, skin joint per vertex (index into [root, joints...]) and colours."""
+    """Vertices, triangles, skin joint per vertex (index into the joints) and colours."""
     bones = np.flatnonzero(parents >= 0)
     sv, sf = sticks(rest[parents[bones]], rest[bones], BODY_RADIUS * 0.6)
     s_joint = np.concatenate([np.repeat(parents[bones][:, None], 4, 1), np.repeat(bones[:, None], 4, 1)], 1)
@@ -70,7 +71,7 @@ def _stick_mesh(rest: np.ndarray, parents: np.ndarray, colors: np.ndarray) -> tu
     k_joint = np.repeat(np.arange(len(rest)), 6)
     verts = np.concatenate([sv, kv])
     faces = np.concatenate([sf, kf + len(sv)]).astype(np.uint32)
-    joint = np.concatenate([s_joint.reshape(-1), k_joint]) + 1  # skin joint 0 is the root
+    joint = np.concatenate([s_joint.reshape(-1), k_joint])
     cols = np.concatenate([np.repeat(colors[bones], 8, 0), np.repeat(colors, 6, 0)])
     return verts, faces, joint, cols
 
@@ -110,10 +111,10 @@ def write_motion_glb(
             nodes.append(b.node(name=f"{name}_{names[j]}", translation=offset.astype(np.float32).tolist()))
             b.add_child(root if par < 0 else nodes[par], nodes[-1])
         verts, faces, joint, cols = _stick_mesh(rest, parents, colors)
-        ibm = np.tile(np.eye(4, dtype=np.float32), (len(nodes) + 1, 1, 1))
-        ibm[1:, :3, 3] = -rest
-        skin = b.skin(f"{name}_skin", [root, *nodes], ibm, root)
-        wide = np.uint16 if len(nodes) + 1 > 255 else np.uint8
+        ibm = np.tile(np.eye(4, dtype=np.float32), (len(nodes), 1, 1))
+        ibm[:, :3, 3] = -rest
+        skin = b.skin(f"{name}_skin", nodes, ibm, root)
+        wide = np.uint16 if len(nodes) > 255 else np.uint8
         attrs = {
             "POSITION": b.accessor(verts, target=ARRAY_BUFFER, bounds=True),
             "COLOR_0": b.accessor(rgba(cols), target=ARRAY_BUFFER, normalized=True),
