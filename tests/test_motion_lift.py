@@ -114,7 +114,7 @@ def test_the_option_is_declared_off_and_borrows_the_pointmap() -> None:
     assert task.borrows == ("pointmap",)
     assert task.needs({"keypoints_3d": True}) == ("pointmap", "seg") and task.needs({}) == ()
     assert task.gpu_seconds("0.4b", 1, {"keypoints_3d": True}) > task.gpu_seconds("0.4b", 1, {})
-    assert any(v.kind == "model3d" for v in task.views)
+    assert [v.kind for v in task.views] == ["json"]  # /pose keeps its outputs (the GLB is a download)
 
 
 def glb_json(path: Path) -> dict:
@@ -153,7 +153,7 @@ def test_pose_photo_with_3d_keypoints_on_tiny_models(tiny_checkpoints, tmp_path:
     assert sum(k["z"] is not None for k in kps) == int(known.sum()) == doc["people"][0]["with_depth"]
     gltf = glb_json(files[-1])
     assert [m["name"] for m in gltf["meshes"]][0] == "point_cloud"
-    assert registry.get("pose").views[1].value(result, files) == str(files[-1])
+    assert pose_3d.skeleton_view(result, files) == str(files[-1])
     assert result.summary()["keypoints_with_depth"] == int(known.sum())
 
 

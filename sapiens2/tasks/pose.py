@@ -499,12 +499,9 @@ TASK = Task(
             "give every keypoint X, Y, Z in metres from the pointmap, and show the skeleton in the point cloud",
         ),
     ),
-    views=(
-        View("json", "Keypoints (308 named points per person)", lambda result, files: result.to_dict()),
-        View(
-            "model3d", "3D keypoints in the point cloud (with the 3D keypoints option)", pose_3d.skeleton_view
-        ),
-    ),
+    # the skeleton-in-cloud GLB is a download, not a view: a view would add an output to /pose and
+    # shift its files and run info for every API caller (pose_3d.skeleton_view is ready for one)
+    views=(View("json", "Keypoints (308 named points per person)", lambda result, files: result.to_dict()),),
     borrows=("pointmap",),
     needs=pose_3d.needs,
     warm=_warm_detector,

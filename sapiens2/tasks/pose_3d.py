@@ -5,7 +5,7 @@ body-part segmentation, for the people's mask) on the same photo, in the same th
 pointmap's prep rides in the pose prep, its forward follows pose's in ``infer``, and ``finish``
 lifts every keypoint with :func:`sapiens2.tasks.pose_lift.lift_keypoints`. The result carries
 :class:`Keypoints3D`; ``save`` writes ``<name>_keypoints3d.json`` and ``<name>_skeleton3d.glb``
-(the point cloud with the skeletons inside, the pose tab's 3D view).
+(the point cloud with the skeletons inside).
 
 Off by default: it runs two more models (pointmap and segmentation at 1024x768) beside the pose
 crops, about three times a pose request's GPU seconds and ~40 s more per photo on a 2-core CPU
