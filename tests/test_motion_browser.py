@@ -101,7 +101,7 @@ def test_the_video_tab_motion_button_fills_its_viewer(tiny_checkpoints, tmp_path
 
     monkeypatch.setenv("GRADIO_EXAMPLES_CACHE", str(tmp_path / "examples"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    clip = write_clip(tmp_path / "walk.mp4", n=6, fps=10.0)
+    clip = write_clip(tmp_path / "walk.mp4", n=3, fps=10.0)  # 3 frames: the flow, not the models
     manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
     demo = app.build_demo(manager, folders=serving.RequestFolders(tmp_path / "requests"))
     _, url, _ = app.launch(demo, host="127.0.0.1", prevent_thread_lock=True, quiet=True)
@@ -117,7 +117,7 @@ def test_the_video_tab_motion_button_fills_its_viewer(tiny_checkpoints, tmp_path
                 sync_api.expect(plan).to_have_value(re.compile(r"^96x64 at 10 fps"), timeout=60_000)
                 page.locator("#video-motion-button").click()
                 info = page.locator("#video-info textarea")
-                sync_api.expect(info).to_have_value(re.compile(r"^motion · 6 frames"), timeout=600_000)
+                sync_api.expect(info).to_have_value(re.compile(r"^motion · 3 frames"), timeout=600_000)
                 canvas = page.locator("#video-motion canvas")
                 canvas.wait_for(state="visible", timeout=60_000)
                 time.sleep(5)
