@@ -52,6 +52,7 @@ def test_motion_command_writes_the_files(tiny_checkpoints, tmp_path: Path, capsy
     assert {doc["accessors"][s["input"]]["count"] for s in anim["samplers"]} == {FRAMES}
     assert (folder / "walk_motion.bvh").read_text().count("\n") > FRAMES
     assert (folder / "walk_pose.webm").is_file() and (folder / "walk_pointmap.webm").is_file()
+    assert not (folder / "walk_lifted.npz").exists()  # the passes' hand-over, not a download
 
 
 def test_a_bad_clip_is_skipped_with_a_message(tiny_checkpoints, tmp_path: Path, capsys) -> None:

@@ -10,7 +10,7 @@ Two passes over the same frames (same stride, limits and cut), each the ordinary
    depth handler plus the lifting: every frame's depth is aligned to the clip
    (:mod:`sapiens2.video.depth_align`) and each person's keypoints of that frame are read from the
    pointmap on their own mask (:func:`sapiens2.tasks.pose_lift.lift_keypoints`). It writes
-   ``<name>_lifted.npz`` (raw 3D points, not a download) next to its files.
+   ``<name>_lifted.npz`` (raw 3D points) next to its files, which the next step reads and removes.
 
 Then, on the CPU (:func:`finish_motion`): the depth factors applied, points scoring below the
 keypoint threshold dropped, gaps of at most ``max_gap`` processed frames inside a track filled
@@ -263,10 +263,13 @@ def pose_arrays_of(result: VideoResult) -> dict[str, np.ndarray]:
 
 
 def lifted_arrays_of(result: VideoResult) -> dict[str, np.ndarray]:
-    """The pointmap pass's lifted points (``<name>_lifted.npz`` beside its video)."""
+    """The pointmap pass's lifted points (``<name>_lifted.npz`` beside its video; removed once
+    read: it is how the pass hands them over, not a download)."""
     path = result.video.parent / (result.video.name.removesuffix("_pointmap.webm") + LIFTED_SUFFIX)
     with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+        arrays = {k: z[k] for k in z.files}
+    path.unlink(missing_ok=True)
+    return arrays
 
 
 def finish_motion(
