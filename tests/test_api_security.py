@@ -253,10 +253,10 @@ def test_every_file_input_of_every_endpoint_refuses_a_path_not_uploaded(server: 
     too: a server path, tagged or not, gets the one refusal and nothing of the file."""
     found = public_file_inputs(server)
     apis = {api for api, _, _ in found}
-    assert {"pose", "matting", "similarity", "all", "video", "video_plan"} <= apis
+    assert {"pose", "matting", "similarity", "all", "video", "video_plan", "motion"} <= apis
     assert sum(api == "matting" for api, _, _ in found) == 2  # the photo and the background
     for api, position, count in found:
-        refusal = CLIP_REFUSAL if api in ("video", "video_plan") else PHOTO_REFUSAL
+        refusal = CLIP_REFUSAL if api in ("video", "video_plan", "motion") else PHOTO_REFUSAL
         for payload in ({"path": "/etc/passwd", "meta": META}, {"path": "/etc/passwd"}):
             data: list[Any] = [None] * count
             data[position] = payload

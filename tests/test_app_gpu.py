@@ -232,7 +232,7 @@ def announced_before_the_device_call(
 def test_a_large_run_tells_its_cost_before_the_gpu_call(served, monkeypatch) -> None:
     server, _ = served
     photo = {"path": server.upload(EXAMPLE), "meta": META}
-    pose = [photo, "5b", None, True, None, None, None, 50]  # flip test, up to 50 people
+    pose = [photo, "5b", None, True, None, None, None, 50, None]  # flip test, up to 50 people
     infos, watch, saw = announced_before_the_device_call(server, monkeypatch, "pose", pose)
     assert watch.calls == ["pose"] and saw == [True]
     assert len(infos) == 1 and infos[0].startswith("This pose 5b run reserves up to ")

@@ -17,8 +17,8 @@ from sapiens2.tasks import registry  # noqa: E402
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 USAGE = (ROOT / "docs" / "USAGE.md").read_text(encoding="utf-8")
-#: endpoints that are not tasks: "All tasks", the video tab's two
-NOT_TASKS = {"/all", "/video", "/video_plan"}
+#: endpoints that are not tasks: "All tasks", the video tab's three
+NOT_TASKS = {"/all", "/video", "/video_plan", "/motion"}
 
 
 def public_tasks() -> list[registry.Task]:

@@ -234,7 +234,11 @@ def test_size_not_offered_names_the_sizes() -> None:
         ("pose", {"max_people": 0}, r"'max_people' must be a number from 1 to 50"),
         ("pose", {"max_people": 2.5}, r"whole number from 1 to 50"),
         ("pose", {"flip_test": "maybe"}, r"'flip_test' must be true or false"),
-        ("pose", {"tresh": 0.2}, r"Unknown pose option 'tresh'; allowed: flip_test, max_people, threshold"),
+        (
+            "pose",
+            {"tresh": 0.2},
+            r"Unknown pose option 'tresh'; allowed: flip_test, max_people, keypoints_3d, threshold",
+        ),
         ("seg", {"classes": ["left hand", "wings"]}, r"'wings'.*Face_Neck.*Left_Hand"),
         ("seg", {"opacity": -0.1}, r"'opacity' must be a number from 0 to 1"),
         ("normal", {"background": "white"}, r"must be one of: black, photo; got 'white'"),
@@ -249,7 +253,7 @@ def test_option_validation_messages(task: str, options: dict, message: str) -> N
 
 def test_options_split_into_inference_and_rendering_with_defaults() -> None:
     infer_opts, render_opts = one_request.split_options("pose", {"threshold": "0.5", "flip_test": True})
-    assert infer_opts == {"flip_test": True, "max_people": 20}
+    assert infer_opts == {"flip_test": True, "max_people": 20, "keypoints_3d": False}
     assert render_opts == {"threshold": 0.5, "show_face": True, "body_only": False, "show_boxes": True}
     _, seg = one_request.split_options("seg", {"classes": ["left hand", "Face_Neck"]})
     assert seg["classes"] == [3, 6] and seg["opacity"] == 0.5

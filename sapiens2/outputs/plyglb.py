@@ -193,9 +193,22 @@ def write_glb(
             buffers=[{"byteLength": offset}],
         )
         gltf["nodes"][0]["mesh"] = 0
+    return write_glb_document(path, gltf, blocks)
+
+
+#: A piece of a GLB's binary chunk: its byte length (a multiple of 4) and what writes it.
+Block = tuple[int, Callable[[IO[bytes]], None]]
+
+
+def write_glb_document(path: str | Path, gltf: dict[str, Any], blocks: list[Block]) -> Path:
+    """A GLB file: the header, ``gltf`` as the JSON chunk (padded with spaces) and, when there
+    are ``blocks``, the binary chunk they write one after another (each a multiple of 4 bytes,
+    so the bufferViews the caller laid out on them stay aligned)."""
     text = json.dumps(gltf, separators=(",", ":"), allow_nan=False).encode("utf-8")
     text += b" " * _pad4(len(text))  # the JSON chunk is padded with spaces
     bin_len = sum(size for size, _ in blocks)
+    if bin_len % 4:
+        raise ValueError(f"The binary chunk must be a multiple of 4 bytes, got {bin_len}.")
     total = 12 + 8 + len(text) + (8 + bin_len if blocks else 0)
     p = Path(path)
     with open(p, "wb") as out:
@@ -208,4 +221,4 @@ def write_glb(
     return p
 
 
-__all__ = ["CHUNK_ROWS", "POINTS_MATERIAL", "write_glb", "write_ply"]
+__all__ = ["CHUNK_ROWS", "POINTS_MATERIAL", "Block", "write_glb", "write_glb_document", "write_ply"]

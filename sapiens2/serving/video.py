@@ -107,6 +107,7 @@ class VideoJob:
     tracking: TrackingOptions
     reduced: str | None = None  # why the plan was reduced to fit the GPU quota (said before it runs)
     take: int | None = None  # only the first frames (after the stride): a plan cut to the quota
+    handler: Any = None  # a frame handler instead of the declaration's (motion's pointmap pass)
 
     @property
     def frames(self) -> int:
@@ -374,6 +375,8 @@ class VideoRequests:
             "render_options": video_render_options(job.task, job.render_opts), "tracking": job.tracking,
             "source_video": True, "budget_s": budget, "take": job.take,
         }  # fmt: skip
+        if job.handler is not None:
+            spec["handler"] = job.handler
         result = None
         for item in self.device_video(job.task.name, job.size, spec, job.infer_opts, seconds):
             if isinstance(item, VideoResult):

@@ -30,6 +30,7 @@ from ..errors import OptionError
 from ..inputs import network as network_input
 from ..inputs.intake import ImageSource, Intake
 from ..models.zoo import get_task
+from . import pose_3d
 from .base import Pipeline, RunInfo, TaskResult
 from .options import Option
 from .pose_codec import decode_checked, decode_heatmaps, flip_back, heatmap_to_crop, merge_flip
@@ -53,6 +54,7 @@ class PoseResult(TaskResult):
     detection_source: str = "detector"  # "detector" | "caller" | "whole_image"
     num_found: int = 0  # people the detector found before the max_people cap
     flip_test: bool = False
+    keypoints_3d: pose_3d.Keypoints3D | None = None  # with the keypoints_3d option
 
     @property
     def num_people(self) -> int:
@@ -94,6 +96,8 @@ class PoseResult(TaskResult):
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out.update(people=self.num_people, detection=self.detection_source, flip_test=self.flip_test)
+        if self.keypoints_3d is not None:
+            out["keypoints_with_depth"] = int(np.isfinite(self.keypoints_3d.points).all(-1).sum())
         return out
 
     def save(
@@ -104,7 +108,8 @@ class PoseResult(TaskResult):
         ``<name>_coco17.json``, ``<name>_coco_wholebody.json`` (133 points, COCO's results layout),
         ``<name>_openpose_body25.json`` and ``<name>_openpose_coco18.json`` (bodies, hands and
         faces, :mod:`sapiens2.outputs.openpose`), ``<name>_keypoints.csv`` (a row per person and
-        keypoint); returns the paths. ``threshold`` decides which points COCO-17/OpenPose mark as
+        keypoint); with 3D keypoints (the ``keypoints_3d`` option) also
+        ``<name>_keypoints3d.json`` and ``<name>_skeleton3d.glb`` (:mod:`sapiens2.tasks.pose_3d`); returns the paths. ``threshold`` decides which points COCO-17/OpenPose mark as
         detected (and the conditioning picture draws). ``rendered``: an image already rendered
         (e.g. with the viewer's options) to write as the PNG instead of a fresh
         ``render(threshold=threshold)``."""
@@ -132,6 +137,7 @@ class PoseResult(TaskResult):
             write_png(path("_pose.png"), picture),
             *(write_json(path(suffix), doc) for suffix, doc in formats.items()),
             kf.write_keypoints_csv(path("_keypoints.csv"), path("").name, kp, sc),
+            *([] if self.keypoints_3d is None else pose_3d.save(self, out_dir, threshold=threshold)),
         ]
         return [Path(f) for f in files]
 
@@ -159,6 +165,7 @@ class PosePrep:
     boxes: np.ndarray | None = None
     crops: np.ndarray | None = None  # (P, H, W, 3) uint8 at the network input size
     notices: list[str] = field(default_factory=list)
+    pointmap: Any = None  # the borrowed pointmap's prep (keypoints_3d)
 
 
 @dataclass
@@ -174,6 +181,7 @@ class PoseRaw:
     flip_test: bool
     info: RunInfo
     notices: list[str] = field(default_factory=list)
+    pointmap: Any = None  # the borrowed pointmap's raw (keypoints_3d)
 
 
 class PosePipeline(Pipeline):
@@ -182,7 +190,9 @@ class PosePipeline(Pipeline):
     ``detector`` is how people are found when the call gives no boxes: ``"auto"`` (the shared
     DETR; the whole image when its weights are missing), ``None`` (whole image), a
     :class:`sapiens2.inputs.detector.PersonDetector`, or any callable ``f(rgb) -> boxes | (boxes, scores)
-    | Detections`` working in the pixels of the image it is given.
+    | Detections`` working in the pixels of the image it is given. ``pointmap``: the pointmap
+    pipeline for the ``keypoints_3d`` option (a PointmapPipeline, a zero-argument function
+    returning one, or None to load the same size when first asked).
 
     Stages: :meth:`prepare` (CPU: checks, caller boxes, the pixels the crops need), :meth:`infer`
     (the device: detection, crops, one forward for every crop of every photo, decoding; returns
@@ -200,9 +210,11 @@ class PosePipeline(Pipeline):
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
         detector: Any = "auto",
+        pointmap: Any = None,
     ) -> None:
         super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
         self.detector = detector
+        self.pointmap = pose_3d.LazyPointmap(pointmap, self)
 
     def __call__(
         self,
@@ -212,6 +224,7 @@ class PosePipeline(Pipeline):
         flip_test: bool | None = None,
         score_threshold: float = 0.3,
         max_people: int = 20,
+        keypoints_3d: bool = False,
     ) -> PoseResult:
         """Pose of every person in one image.
 
@@ -219,11 +232,13 @@ class PosePipeline(Pipeline):
         detection. ``score_threshold`` / ``max_people`` apply to detected people.
         ``flip_test`` also runs mirrored crops (in the same batch) and averages: a little more
         accurate, one extra crop per person. None (default): on when the model is on a GPU, off
-        on a CPU (where it doubles the time).
+        on a CPU (where it doubles the time). ``keypoints_3d`` also runs the pointmap (and its
+        segmentation) and gives every keypoint X, Y, Z in metres (``result.keypoints_3d``).
         """
         return self.run_stages(
-            image, boxes=boxes, flip_test=flip_test, score_threshold=score_threshold, max_people=max_people
-        )
+            image, boxes=boxes, flip_test=flip_test, score_threshold=score_threshold, max_people=max_people,
+            keypoints_3d=keypoints_3d,
+        )  # fmt: skip
 
     def _flip_test(self, flip_test: bool | None) -> bool:
         """``flip_test`` checked; None becomes the device's default (on for CUDA)."""
@@ -234,10 +249,18 @@ class PosePipeline(Pipeline):
         return flip_test
 
     def prepare(
-        self, intake: Intake, *, boxes: Any = None, flip_test: bool | None = None, **_: Any
-    ) -> PosePrep:
+        self, intake: Intake, *, boxes: Any = None, flip_test: bool | None = None, keypoints_3d: bool = False,
+        **_: Any,
+    ) -> PosePrep:  # fmt: skip
         """The device step's input: caller boxes checked and clipped (OptionError when unusable),
-        and the uint8 pixels the device step needs (see :class:`PosePrep`)."""
+        and the uint8 pixels the device step needs (see :class:`PosePrep`); with ``keypoints_3d``
+        the pointmap's own prep too."""
+        prep = self._prepare_pose(intake, boxes, flip_test)
+        if keypoints_3d:
+            prep.pointmap = pose_3d.prepare(self.pointmap, intake, prep.notices)
+        return prep
+
+    def _prepare_pose(self, intake: Intake, boxes: Any, flip_test: bool | None) -> PosePrep:
         from ..inputs.detector import detect_people
 
         self._flip_test(flip_test)
@@ -272,31 +295,36 @@ class PosePipeline(Pipeline):
             return []
         kp, scores, bad = self._keypoints(torch.cat([x for x, _ in crops]), info, flip)
         share = replace(info, model_s=info.model_s / len(batch))  # one forward for the batch
+        in_3d = pose_3d.infer(self.pointmap, [p.pointmap for p in batch])
         raws, start = [], 0
-        for prep, det, (x, geom) in zip(batch, found, crops, strict=True):
+        for prep, det, (x, geom), pm in zip(batch, found, crops, in_3d, strict=True):
             people = slice(start, start + x.shape[0])
             start = people.stop
             kp_work = apply_affine(kp[people], geom.inverse).astype(np.float32)
-            raws.append(
-                _raw(prep, det, kp_work, scores[people], int(bad[people].sum()), flip, replace(share))
-            )
+            raw = _raw(prep, det, kp_work, scores[people], int(bad[people].sum()), flip, replace(share))
+            raw.pointmap = pm
+            raws.append(raw)
         return raws
 
     def finish(self, raw: PoseRaw, intake: Intake, **_: Any) -> PoseResult:
-        """Working-copy pixels -> the photo's pixels, as a :class:`PoseResult`."""
+        """Working-copy pixels -> the photo's pixels, as a :class:`PoseResult` (with the 3D
+        keypoints when the pointmap ran)."""
+        notices = _merged(intake.notices, raw.notices)
+        boxes, keypoints = intake.boxes_to_original(raw.boxes), intake.points_to_original(raw.keypoints)
         return PoseResult(
             image=intake.rgb,
             info=replace(raw.info),
-            notices=_merged(intake.notices, raw.notices),
+            notices=notices,
             downscaled=intake.downscaled,
             name=intake.name,
-            boxes=intake.boxes_to_original(raw.boxes),
+            boxes=boxes,
             box_scores=raw.box_scores,
-            keypoints=intake.points_to_original(raw.keypoints),
+            keypoints=keypoints,
             scores=raw.scores,
             detection_source=raw.source,
             num_found=raw.num_found,
             flip_test=raw.flip_test,
+            keypoints_3d=pose_3d.finish(self.pointmap, raw.pointmap, intake, keypoints, boxes, notices),
         )
 
     def _crops(self, prep: PosePrep, boxes: np.ndarray) -> tuple[torch.Tensor, CropInfo]:
@@ -416,7 +444,7 @@ def _video_forwards(infer_opts: Mapping[str, Any]) -> int:
 def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
     # every person is one crop of the batch (twice with flip test), plus the DETR detector
     crops = int(infer_opts.get("max_people") or 20) * (2 if infer_opts.get("flip_test") else 1)
-    return forward_seconds(size, crops) + 1.0
+    return forward_seconds(size, crops) + 1.0 + pose_3d.extra_seconds(size, infer_opts)
 
 
 #: the keypoint formats ``PoseResult.save`` writes besides the 308-point JSON and the pictures
@@ -436,7 +464,7 @@ TASK = Task(
     button="Run pose",
     summary="Pose: 308 keypoints per person (body, hands, feet, face).",
     result_label="Pose",
-    downloads="Downloads (308-point JSON, ControlNet pose PNG, drawing)",
+    downloads="Downloads (308-point JSON, ControlNet pose PNG, drawing; 3D keypoints JSON + GLB with that option)",
     gpu_seconds=_gpu_seconds,
     options=(
         Option(
@@ -467,8 +495,20 @@ TASK = Task(
         Option(
             "max_people", "int", 20, "infer", "Max people", "at most this many people", low=1, high=50, step=1
         ),
+        Option(
+            pose_3d.OPTION,
+            "bool",
+            False,
+            "infer",
+            "3D keypoints (runs pointmap and body parts too)",
+            "give every keypoint X, Y, Z in metres from the pointmap, and show the skeleton in the point cloud",
+        ),
     ),
+    # the skeleton-in-cloud GLB is a download, not a view: a view would add an output to /pose and
+    # shift its files and run info for every API caller (pose_3d.skeleton_view is ready for one)
     views=(View("json", "Keypoints (308 named points per person)", lambda result, files: result.to_dict()),),
+    borrows=("pointmap",),
+    needs=pose_3d.needs,
     warm=_warm_detector,
     cli_aliases={"flip_test": ("--flip",)},
     cli_switches=(

@@ -19,6 +19,7 @@ from ..video.reader import VideoLimits
 from .gpu import device_call, device_video
 from .handlers import Runner, reported, warn
 from .inputs import clip_input
+from .motion_mode import add_motion_mode
 from .widgets import checked_by_package, size_dropdown
 
 #: What one clip may cost in this app (uploads are capped at MAX_FILE_BYTES by Gradio too).
@@ -246,6 +247,10 @@ def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_
                 info = gr.Textbox(label="Run info", interactive=False, max_lines=2, elem_id="video-info")
                 files = gr.File(label="Downloads: video, JSON, ZIP, NPZ", file_count="multiple")
                 summary = gr.JSON(label="Summary", height=240)
+                add_motion_mode(  # /motion: pose + pointmap -> 3D motion (sapiens2.ui.motion_mode)
+                    ends, [clip, size, stride, max_frames, detect_every, smoothing],
+                    [source, result, files, summary, info], concurrency_id,
+                )  # fmt: skip
 
     def sizes(task_value: str) -> Any:
         name = _task_name(task_value)

@@ -2,7 +2,8 @@
 
 Modules, each usable alone: ``reader`` (checked decoding, limits), ``writer`` (VP8/WebM),
 ``tracking`` (IoU tracker, stable person ids), ``smoothing`` (One-Euro filter), ``depth``
-(clip-wide depth colour bounds), ``exports`` (pose tracks JSON, NPZ under a cap), ``handlers``
+(clip-wide depth colour bounds), ``depth_align`` (depth held still over time), ``motion``
+(pose + pointmap -> 3D motion), ``exports`` (pose tracks JSON, NPZ under a cap), ``handlers``
 (per-task frame handling) and ``runner`` (:func:`run_video`). No UI code here.
 
 Public names are imported lazily, so ``import sapiens2.video`` stays cheap.
@@ -28,6 +29,9 @@ _LAZY = {
     "VideoResult": ".runner",
     "plan_video": ".runner",
     "run_video": ".runner",
+    "DepthAligner": ".depth_align",
+    "MotionOptions": ".motion",
+    "run_motion": ".motion",
 }
 
 __all__ = list(_LAZY)

@@ -26,6 +26,7 @@ from ..outputs.export import safe_path
 from ..outputs.render import draw_pose, pose_style
 from ..tasks import registry
 from .depth import foreground_depth, global_depth_bounds, render_depth_frame
+from .depth_align import DepthAligner
 from .exports import (
     PoseFrame,
     RawArrays,
@@ -123,6 +124,12 @@ class DenseFrames(FrameHandler):
         self.fields = raw_fields(task)
 
     def keep_raw(self, result: Any) -> None:
+        arrays = self.raw_arrays(result)
+        if arrays:
+            self.raw.add(arrays)
+
+    def raw_arrays(self, result: Any) -> dict[str, np.ndarray]:
+        """The declared raw fields of one frame's result, in their clip dtypes."""
         arrays = {}
         for key, dtype in self.fields.items():
             value = getattr(result, key, None)
@@ -133,8 +140,7 @@ class DenseFrames(FrameHandler):
                 elif dtype is not None:
                     arr = arr.astype(dtype)
                 arrays[key] = arr
-        if arrays:
-            self.raw.add(arrays)
+        return arrays
 
     def consume(self, k: int, frame: int, time_s: float, rgb: np.ndarray, result: Any) -> np.ndarray | None:
         self.keep_raw(result)
@@ -152,7 +158,10 @@ class DenseFrames(FrameHandler):
 
 class DepthFrames(DenseFrames):
     """The clip-wide depth hook (``handler="depth"``): each result's ``depth`` and ``mask`` kept,
-    every frame rendered at the end with the clip's 1st/99th percentiles."""
+    every frame rendered at the end with the clip's 1st/99th percentiles. Every frame's depth is
+    first aligned to the clip (:class:`sapiens2.video.depth_align.DepthAligner`: one factor per
+    frame against a running reference on still pixels), so the model's per-frame scale jitter
+    does not make a still scene breathe; the video and the NPZ hold the aligned depth."""
 
     @classmethod
     def build(
@@ -171,15 +180,37 @@ class DepthFrames(DenseFrames):
         self.percentiles = percentiles
         self.depths: list[np.ndarray] = []
         self.bounds: tuple[float, float] | None = None
+        self.aligner = DepthAligner()
+        self._raw_depths: list[np.ndarray] = []  # the NPZ's depth arrays, scaled once aligned
+        self._aligned = False
+
+    def keep_raw(self, result: Any) -> None:
+        arrays = self.raw_arrays(result)
+        if "depth" in arrays:
+            self._raw_depths.append(arrays["depth"])
+        if arrays:
+            self.raw.add(arrays)
 
     def consume(self, k: int, frame: int, time_s: float, rgb: np.ndarray, result: Any) -> np.ndarray | None:
         self.keep_raw(result)
         for n in getattr(result, "notices", []):
             self.note(n)
+        self.aligner.update(result.depth, people_mask(result), getattr(result, "scale", None))
         self.depths.append(foreground_depth(result.depth, result.mask))
         return None
 
+    def align(self) -> np.ndarray:
+        """Scale every kept frame by its factor (once); returns the factors."""
+        factors = self.aligner.factors()
+        if not self._aligned:
+            for arrs in (self.depths, self._raw_depths):
+                for d, f in zip(arrs, factors, strict=False):
+                    d *= d.dtype.type(f)
+            self._aligned = True
+        return factors
+
     def deferred(self) -> Iterator[np.ndarray]:
+        self.align()
         self.bounds = global_depth_bounds(self.depths, self.percentiles)
         if self.bounds is None:
             self.note("No frame has foreground depth: every frame is shown as background.")
@@ -187,8 +218,26 @@ class DepthFrames(DenseFrames):
             yield render_depth_frame(depth, self.bounds)
             self.depths[i] = depth[:0]  # rendered: release the frame's memory
 
+    def exports(self, out_dir: Path, name: str, *, fps: float, size: tuple[int, int]) -> list[Path]:
+        self.align()
+        return super().exports(out_dir, name, fps=fps, size=size)
+
     def summary(self) -> dict[str, Any]:
-        return {"depth_bounds_m": None if self.bounds is None else list(self.bounds)}
+        return {
+            "depth_bounds_m": None if self.bounds is None else list(self.bounds),
+            "depth_alignment": self.aligner.summary(),
+        }
+
+
+def people_mask(result: Any) -> np.ndarray | None:
+    """Where a pointmap result's people are: its mask when the segmentation made it (smaller
+    than the valid points), None when the mask is just every valid point (no segmentation)."""
+    mask = getattr(result, "mask", None)
+    if mask is None:
+        return None
+    with np.errstate(invalid="ignore"):
+        valid = np.isfinite(result.depth) & (result.depth > 0)
+    return mask if int(mask.sum()) < int(valid.sum()) else None
 
 
 @dataclass(frozen=True)

@@ -254,6 +254,7 @@ def iter_video(
     name: str | None = None,
     budget_s: float | None = None,
     take: int | None = None,
+    handler: FrameHandler | None = None,
 ) -> Iterator[tuple[int, int | None] | VideoResult]:
     """Run ``pipe`` (a task pipeline) on every ``stride``-th frame of the clip at ``source``,
     yielding ``(frames done, frames planned)`` after every batch, then the :class:`VideoResult`.
@@ -271,6 +272,8 @@ def iter_video(
     ``detect_many(rgbs)`` detects all of a batch's detection frames in one call instead).
     ``source_video``: also write the frames read (after stride and downscaling) as
     ``<name>_source.webm`` (``VideoResult.source_video``), for a side-by-side view that plays.
+    ``handler``: the frame handler to use instead of the one the task's declaration names (a
+    caller that needs more of each frame, e.g. :mod:`sapiens2.video.motion`).
     Writes ``<name>_<task>.webm`` and the downloads into ``out_dir``.
     Raises InputVideoError (bad clip, limits), OptionError, VideoEncodeError.
     """
@@ -283,7 +286,7 @@ def iter_video(
             raise OptionError(f"take must be a whole number of frames >= 1, got {take!r}.")
         plan = VideoPlan(plan.info, plan.stride, take if plan.frames is None else min(plan.frames, take))
     stages = staged(pipe)
-    handler = handler_class(decl).build(
+    handler = handler or handler_class(decl).build(
         decl, pipe, opts, render_options or {}, detect=detect, detect_many=detect_many, tracking=tracking,
         raw_cap=raw_cap_bytes, depth_percentiles=depth_percentiles,
     )  # fmt: skip

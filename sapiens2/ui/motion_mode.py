@@ -1,0 +1,91 @@
+"""The Video tab's motion mode: ``/motion`` makes a clip's 3D motion (pose + pointmap) and shows
+it in a 3D viewer, through ``sapiens2.serving.motion``. The tab adds it with :func:`add_motion_mode`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gradio as gr
+
+from ..serving.motion import MotionRequests
+from ..video.handlers import TrackingOptions
+from .handlers import reported, warn
+
+
+def motion_endpoint(ends: Any) -> Callable[..., list[Any]]:
+    """``/motion``: the Video tab's endpoints object ``ends`` (its requests, limits, manager)."""
+    requests = MotionRequests(ends.requests)
+
+    def motion(
+        clip: Any,
+        size: str | None = None,
+        stride: int = 1,
+        max_frames: int | None = None,
+        detect_every: int = 5,
+        smoothing: bool = True,
+        progress: gr.Progress = gr.Progress(),
+    ) -> list[Any]:
+        """3D motion of every tracked person of a short clip: pose and the pointmap (with body
+        parts for the people's mask) over the same frames; keypoints in metres, gaps of up to 5
+        frames bridged, smoothed in 3D. Returns the frames read and the pose drawing as WebM, the
+        downloads (an animated skeleton per person as GLB, the 3D keypoints as NPZ and CSV, a BVH),
+        a summary, a run line and the motion GLB for the 3D viewer.
+
+        Args:
+            clip: the video file (MP4, WebM, MOV or GIF), uploaded to this app.
+            size: model size of pose and pointmap (None: each task's default on this server).
+            stride: process every stride-th frame (1 = all).
+            max_frames: stop with an error if more frames than this would be processed (None: the server's limit).
+            detect_every: run the person detector on every K-th processed frame; boxes are tracked in between.
+            smoothing: smooth keypoints over time per person (One-Euro filter, in 2D and in 3D).
+        """
+        from .video_tab import _whole
+
+        if not isinstance(smoothing, bool) and smoothing is not None:
+            raise gr.Error(f"smoothing must be true or false, got {smoothing!r}.", title="Invalid option")
+
+        def report(done: int, planned: int | None) -> None:
+            progress((done, planned or done), desc="Frames (pose, then pointmap)", unit="frames")
+
+        with reported(ends.manager):
+            tracking = TrackingOptions(
+                detect_every=_whole(detect_every, "detect_every", 5), smoothing=smoothing is not False
+            )
+            result = requests.run(
+                clip, size, stride=_whole(stride, "stride", 1),
+                max_frames=_whole(max_frames, "max_frames", requests.video.limits.max_frames),
+                tracking=tracking, progress=report,
+            )  # fmt: skip
+        warn(result.notices)
+        total = result.timing["total_s"]
+        line = f"motion · {result.frames} frames, {result.people} people at {result.fps:.3g} fps · total {total:.1f} s"
+        source = result.pose.source_video
+        return [
+            None if source is None else str(source),
+            str(result.pose.video),
+            [str(p) for p in result.files],
+            result.summary(),
+            line,
+            str(result.glb),
+        ]
+
+    return motion
+
+
+def add_motion_mode(ends: Any, inputs: list[Any], outputs: list[Any], concurrency_id: str) -> None:
+    """A button and a 3D viewer under the tab's widgets: ``inputs`` = clip, size, stride, max
+    frames, detect every, smoothing; ``outputs`` = frames read, result, downloads, summary, run info."""
+    button = gr.Button("Make 3D motion (pose + pointmap)", variant="secondary", elem_id="video-motion-button")
+    view = gr.Model3D(
+        label="3D motion: one animated skeleton per person (the GLB plays here, imports into Blender)",
+        elem_id="video-motion", height=420, display_mode="solid",
+    )  # fmt: skip
+    button.click(
+        motion_endpoint(ends), inputs=inputs, outputs=[*outputs, view], api_name="motion",
+        concurrency_id=concurrency_id,
+    )  # fmt: skip
+
+
+__all__ = ["add_motion_mode", "motion_endpoint"]
