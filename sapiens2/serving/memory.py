@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import OutOfMemoryError
-from ..models.zoo import get_task
+from ..models.zoo import TaskSpec
 
 #: Free heap a server keeps mapped between requests. A request's temporaries then find pages the
 #: process already holds instead of the kernel faulting in (zeroing, and for numpy's huge pages
@@ -98,7 +98,7 @@ def release_cpu_threads() -> None:
     team alive; the next op builds a new one in microseconds. Where no OpenMP runtime offers
     ``omp_pause_resource_all`` this does nothing.
     """
-    from ..runtime.accel import openmp_function
+    from ..runtime.threads import openmp_function
 
     pause = openmp_function("omp_pause_resource_all")
     if pause is not None:
@@ -127,11 +127,12 @@ def is_out_of_memory(err: BaseException) -> bool:
     return "out of memory" in text or "outofmemoryerror" in text
 
 
-def out_of_memory(task: str, size: str) -> OutOfMemoryError:
-    """The error for an out-of-memory run, advising a smaller size when one exists."""
-    sizes = get_task(task).sizes
+def out_of_memory(spec: TaskSpec, size: str) -> OutOfMemoryError:
+    """The error for an out-of-memory run of a task (its zoo row), advising a smaller size when one
+    exists."""
+    sizes = spec.sizes
     smaller = list(sizes[: sizes.index(size)]) if size in sizes else []
     advice = f"choose a smaller size ({', '.join(smaller)})" if smaller else "use a smaller photo"
     return OutOfMemoryError(
-        f"Out of GPU memory running {task} {size}. The model cache was trimmed; try again, or {advice}."
+        f"Out of GPU memory running {spec.name} {size}. The model cache was trimmed; try again, or {advice}."
     )
