@@ -17,8 +17,8 @@ from PIL import Image
 
 from sapiens2.errors import OptionError, WeightsUnavailableError
 from sapiens2.models.nn.outputs import NormalOutput, PointmapOutput, SegOutput
+from sapiens2.ops import seg_logits as seg_module
 from sapiens2.outputs.render import colorize_labels
-from sapiens2.tasks import seg as seg_module
 from sapiens2.tasks.features import FeaturesPipeline, FeaturesResult, cosine_similarity
 from sapiens2.tasks.matting import MattingPipeline
 from sapiens2.tasks.normal import NormalPipeline

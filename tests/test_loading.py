@@ -138,7 +138,7 @@ def test_checkpoint_of_another_task(tiny_checkpoints) -> None:
         CheckpointError, match=r"is a Sapiens2 pose checkpoint, a custom size .*not a seg checkpoint"
     ):
         sapiens2.load_model("seg", checkpoint=tiny_checkpoints["pose"])
-    with pytest.raises(CheckpointError, match="is a Sapiens2 pretrain checkpoint"):
+    with pytest.raises(CheckpointError, match="is a Sapiens2 features checkpoint"):
         sapiens2.load_model("normal", checkpoint=tiny_checkpoints["features"])
 
 
