@@ -255,7 +255,8 @@ def run_task(
     if args.compile != "off":
         hw = tuple(args.input_hw) if args.input_hw and task != "pointmap" else None
         ex = [
-            compiling.example_input(pipe.model, b, hw or pipe.spec.input_size(size)) for b in _batches(task, args)
+            compiling.example_input(pipe.model, b, hw or pipe.spec.input_size(size))
+            for b in _batches(task, args)
         ]
         report = compiling.compile_model(pipe.model, ex)
         print(f"# {task} {size}: {report.line()}")

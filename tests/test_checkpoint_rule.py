@@ -100,7 +100,9 @@ def test_app_offers_only_the_checkpoint_size(pose_04b: Path) -> None:
     manager = serving.ModelManager(device="cpu", checkpoints={"pose": pose_04b}, size="1b")
     assert manager.sizes(T("pose")) == ("0.4b",)  # the size menu
     assert manager.default_size(T("pose")) == "0.4b"  # the file wins over the server's --size
-    assert manager.default_size(T("seg")) == "1b" and "5b" in manager.sizes(T("seg"))  # other tasks: as before
+    assert manager.default_size(T("seg")) == "1b" and "5b" in manager.sizes(
+        T("seg")
+    )  # other tasks: as before
     assert manager.key(T("pose"), "0.4b") == manager.key(T("pose"), None) == ("pose", CUSTOM)
     with pytest.raises(OptionError) as err:
         manager.key(T("pose"), "1b")  # an API caller asking for another size: refused, not ignored

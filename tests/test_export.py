@@ -159,7 +159,9 @@ def test_pooled_write_errors_are_those_of_a_sequential_run(tmp_path: Path) -> No
     with pytest.raises(IsADirectoryError):
         with ThreadPoolExecutor(3) as pool, Writer(pool) as writer:
             export.write_png(tmp_path / "first.png", big, writer=writer)
-            export.write_png(tmp_path / "bad.png", np.zeros((2, 2), np.float32), writer=writer)  # InputImageError
+            export.write_png(
+                tmp_path / "bad.png", np.zeros((2, 2), np.float32), writer=writer
+            )  # InputImageError
     # the block's own error when every write so far went well; those writes are finished by then
     with pytest.raises(InputImageError, match="uint8/uint16"):
         with ThreadPoolExecutor(3) as pool, Writer(pool) as writer:

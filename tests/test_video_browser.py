@@ -113,7 +113,9 @@ def test_gradio_video_component_serves_it_unconverted_and_it_plays(tmp_path: Pat
     assert state["now"] > state["start"], state
 
 
-def test_the_video_tab_plays_its_result_inside_the_app(space_checkpoints, tmp_path: Path, monkeypatch) -> None:
+def test_the_video_tab_plays_its_result_inside_the_app(
+    space_checkpoints, tmp_path: Path, monkeypatch
+) -> None:
     """The whole app (tiny checkpoints): upload a clip in the Video tab, run it, and both videos
     (the frames read and the result) play in their gr.Video players."""
     import sys

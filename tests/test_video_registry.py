@@ -122,7 +122,8 @@ def test_albedo_runs_in_video_once_its_checkpoint_is_found(tiny_checkpoints, mon
     requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "req"))
     shown = manager.video_tasks()  # the server's checkpoint shows it
     assert "albedo" in shown and ("Albedo", "albedo") in video_tab.task_choices(shown)
-    job = requests.job(shown[video_tab._task_name("Albedo", shown)], str(clip))  # borrows seg for the background
+    albedo = shown[video_tab._task_name("Albedo", shown)]  # the radio's label, as the UI sends it
+    job = requests.job(albedo, str(clip))  # borrows seg for the background
     assert job.infer_opts["use_segmentation"] is True
     result = requests.run(job)
     assert result.frames == 3 and count_frames(result.video)[0] == 3

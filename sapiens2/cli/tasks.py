@@ -102,7 +102,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     for task in registry.declared().values():
         # a task without weights here (albedo off the Hub) runs with --checkpoint but is not listed
         listed = {"help": task.summary} if task.name in shown else {}
-        tp = sub.add_parser(task.api_name, description=task.summary, **listed)
+        tp = sub.add_parser(task.name, description=task.summary, **listed)
         add_common(tp)
         if task.video is not None:
             add_video(tp, task)

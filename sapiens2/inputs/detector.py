@@ -336,7 +336,7 @@ class PersonDetector:
         device = torch.device(device) if device else default_device()
         with cuda_emulation():  # ZeroGPU: from a request thread too, onto the emulated CUDA
             model = model.to(device=device, dtype=dtype or torch.float32)
-        # NHWC convolutions measured ~20% faster on CPU (bench/detector.py); GPU left as is (unmeasured)
+        # NHWC convolutions are faster on CPU (bench/detector.py); the GPU layout is left as it is
         channels_last = device.type == "cpu"
         if channels_last:
             model = model.to(memory_format=torch.channels_last)

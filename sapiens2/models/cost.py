@@ -46,10 +46,10 @@ MIN_CALL_S = 5
 #: Never ask for more than a visitor without an account can start on the slowest node: the
 #: request times the node's factor must fit that visitor's daily quota, or it is refused unrun.
 MAX_CALL_S = int(DAILY_QUOTA_S["anonymous"] // duration_factor())
-#: Multiply-accumulates per second of a forward on a 2-core CPU (docs/VIDEO.md, "Estimates").
+#: Multiply-accumulates per second of a forward on a 2-core CPU (docs/PERFORMANCE.md).
 CPU_MACS_PER_S = 3.0e10
 #: Seconds a frame costs on a CPU besides the backbone: heads, resizes, finish, render and two VP8
-#: encodes (without it an estimate said "about 1 s" for a run of 17 s; docs/VIDEO.md).
+#: encodes (docs/PERFORMANCE.md, "Numbers behind the code").
 CPU_FRAME_OVERHEAD_S = 5.0
 
 

@@ -62,8 +62,8 @@ def _argmax(x: torch.Tensor, dim: int, work: torch.Tensor | None = None) -> torc
     """``x.argmax(dim)`` as uint8 (so at most 256 classes), identical to it: the first index among
     ties, NaN wins.
 
-    torch's argmax over a dim that is not the innermost runs scalar code (29 x 64 K floats: 10 ms
-    on this 2-core CPU); max, subtract, sign and max are vectorised (0.5 ms): off the maximum
+    torch's argmax over a dim that is not the innermost runs scalar code; max, subtract, sign and
+    max are vectorised, about 20x faster (docs/PERFORMANCE.md, "Numbers behind the code"): off the maximum
     ``x - max`` is negative (sign -1), on it exactly 0, and adding each class's rank (the first
     class ranks highest, all ranks in [0, 1)) lets the second max pick the first maximal class.
     Where that would not be exact (a NaN or infinite maximum, or one so small that a difference
@@ -103,10 +103,9 @@ def _row_pool() -> ThreadPoolExecutor | None:
     OpenMP threads cannot be limited per thread.
 
     The dense resize is thousands of small operations. With torch's own intra-op threads, each is
-    an OpenMP fork and join; on a virtual machine whose CPUs are not all running at that moment
-    (this 2-vCPU test machine, often), each join waits for the CPU that is not, and the resize took
-    1.1-1.2 s against 0.8 s on one thread and 0.55 s on two in a good period (12 MP, random logits).
-    Whole groups of rows on separate threads need no join until the end."""
+    an OpenMP fork and join, and on a virtual machine whose CPUs are not all running at that moment
+    each join waits for the CPU that is not (docs/PERFORMANCE.md, "This round"). Whole groups of
+    rows on separate threads need no join until the end."""
     limit = openmp_function("omp_set_num_threads")
     if available_cpus() < 2 or limit is None:
         return None
@@ -121,8 +120,8 @@ def _one_thread(limit: Callable[[int], int]) -> None:
 
 
 def _pick(a: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """``a[rows][:, cols]`` of a 2-D uint8 or bool map (on the CPU numpy's take: 3x faster than
-    torch's index_select for bytes, 3 ms for a 12 MP photo)."""
+    """``a[rows][:, cols]`` of a 2-D uint8 or bool map (on the CPU numpy's take, faster than
+    torch's index_select for bytes)."""
     by_rows = len(rows) <= a.shape[0]  # gather columns (the slow part) on the fewer rows
     if a.device.type == "cpu":
         r, c = rows.numpy(), cols.numpy()

@@ -34,6 +34,7 @@ from .present import Presented, Stages, present, run_info
 
 log = logging.getLogger(__name__)
 
+
 def read_photo(source: Any) -> Intake:
     """Read the request's photo once (EXIF-upright, size-checked) for every task that uses it.
 

@@ -4,7 +4,7 @@ The clip is read, checked and planned here and the models are loaded here
 (``ModelManager.prepare``); then one device call runs the whole clip where the models are
 (decode, person detection and tracking for a task with a detection hook, the batch forwards, rendering, writing), yielding
 its progress per batch and then the result. On ZeroGPU that call is one admission with one
-reservation (:func:`sapiens2.serving.gpu_time.reservation`), so a clip can no longer be refused
+reservation (:func:`sapiens2.models.cost.reservation`), so a clip can no longer be refused
 halfway for lack of quota; a plan that would not fit a visitor without an account is reduced
 up front (a larger stride, then fewer frames) and the page says so; a refusal for quota runs the
 frames that fit in the seconds left, and a device failure partway keeps the frames done.

@@ -196,7 +196,7 @@ def run_batch(
     intake prepared, ONE ``infer`` over all the preps, each raw finished; one result per intake.
 
     ``infer`` runs the device work instead of ``pipe.infer`` (a server's GPU call, with the
-    reservation of ``sapiens2.serving.gpu_time``). ``per_item``: options that differ per intake
+    reservation of ``sapiens2.models.cost``). ``per_item``: options that differ per intake
     (a clip's per-frame person boxes), given to ``prepare`` and ``finish`` but not to ``infer``,
     which must take them from each prep."""
     preps = prepare_batch(pipe, intakes, options, per_item)

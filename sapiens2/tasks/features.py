@@ -1,5 +1,6 @@
-"""Backbone features (the release's "pretrain" checkpoints): the CLS embedding of a photo and its patch features,
-shown as the first three principal components in RGB, plus cosine similarity of two embeddings.
+"""Backbone features (the release's "pretrain" checkpoints): the CLS embedding of a photo and its
+patch features, shown as the first three principal components in RGB, plus cosine similarity of two
+embeddings.
 """
 
 from __future__ import annotations

@@ -353,7 +353,7 @@ def _checked(task: Any, batch_size: Any, options: Mapping[str, Any] | None) -> t
     if isinstance(task, str):
         decl = registry.declared().get(task)
     if decl is None or decl.video is None:
-        names = ", ".join(t.api_name for t in registry.video_tasks().values())
+        names = ", ".join(registry.video_tasks())
         raise OptionError(f"Video runs the tasks {names}; got {task!r}.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
         raise OptionError(f"batch_size must be a whole number from 1 to {MAX_BATCH}, got {batch_size!r}.")
