@@ -460,3 +460,38 @@ def test_compile_switch_on_cpu_loads_eager_and_says_why(tiny_checkpoints) -> Non
     assert key[0] == "matting"
     assert not report.applied and "CUDA" in report.reason
     assert pipe.model._compiled_call_impl is None  # still the eager forward
+
+
+def test_units_of_device_work_are_typed_and_picklable(tmp_path) -> None:
+    """What one GPU call runs crosses to a ZeroGPU worker pickled: each unit keeps its task object
+    (pickled by name), its seconds, and runs the same after the trip."""
+    import pickle
+
+    from sapiens2.serving.device import AllTasks, Batch, Clip, OneTask
+    from sapiens2.ui.video_tab import APP_VIDEO_LIMITS
+    from sapiens2.video import TrackingOptions
+
+    prep = np.zeros((4, 4, 3), np.uint8)
+    one = OneTask(Batch(T("seg"), "0.4b", (prep,), {}), 9)
+    every = AllTasks((one.batch, Batch(T("pose"), "1b", (prep,), {"flip_test": True})), 30)
+    clip = Clip(T("pose"), "1b", {"max_people": 3}, clip="c.mp4", out_dir=str(tmp_path), stride=2,
+                limits=APP_VIDEO_LIMITS, batch=8, render_options={"threshold": 0.5},
+                tracking=TrackingOptions(detect_every=3), budget_s=None, take=None, seconds=40)  # fmt: skip
+    for unit, what in ((one, "seg"), (every, "all tasks"), (clip, "pose")):
+        back = pickle.loads(pickle.dumps(unit))
+        assert type(back) is type(unit) and back.seconds == unit.seconds and back.what == what
+    back = pickle.loads(pickle.dumps(every))
+    assert [b.task for b in back.batches] == [T("seg"), T("pose")]  # the same declarations
+    assert back.batches[1].options == {"flip_test": True} and np.array_equal(back.batches[0].preps[0], prep)
+    manager = ModelManager(device="cpu", factory=lambda task, size, **kw: StubInvert())
+    manager.get(T("seg"), "0.4b")
+    assert [list(r) for r in pickle.loads(pickle.dumps(one)).run(manager)] == [["inverted"]]
+    manager.get(T("pose"), "1b")
+    assert [i for i, _ in back.run(manager)] == [0, 1]  # every task's raws, by index
+
+
+class StubInvert:
+    """A pipeline whose device step answers one word per prepared input."""
+
+    def infer(self, preps, **opts):
+        return ["inverted" for _ in preps]
