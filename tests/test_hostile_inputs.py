@@ -313,7 +313,7 @@ def run(manager: serving.ModelManager, task: str, image: Any, out: Path, **optio
     infer_opts, render_opts = one_request.split_options(task, options)
     intake = read_photo(image)
     result = one_request.infer(manager, task, intake, None, **infer_opts)
-    return serving.present(result, out, **render_opts)
+    return serving.present(T(task), result, out, **render_opts)
 
 
 def check_exports(shown: serving.Presented, hw: tuple[int, int], out: Path) -> None:
@@ -618,7 +618,7 @@ def test_app_matting_background_of_another_size_and_mode(client, tmp_path: Path)
         ("/seg", ("0.4b", 0.5, ["Torso", "wings"]), r"Unknown body-part class 'wings'.*Torso"),
         ("/normal", ("0.4b", False, "purple"), r"one of: black, photo; got 'purple'"),
         ("/matting", ("1b", "sky blue", None), r"'#rrggbb'"),
-        ("/similarity", ("PHOTO", "0.3b"), r"Size '0\.3b' does not exist for pretrain"),
+        ("/similarity", ("PHOTO", "0.3b"), r"Size '0\.3b' does not exist for features"),
     ],
 )
 def test_app_wrong_option_values_are_errors_naming_the_allowed_values(
