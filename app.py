@@ -11,8 +11,7 @@ or ``gradio app.py`` for hot reload (the module's ``demo`` is built on first use
 """
 
 # ZeroGPU must patch torch before anything touches CUDA, so `spaces` comes first.
-import spaces  # noqa: I001  (import order matters)
-import spaces.config
+import spaces  # noqa: F401, I001  (import order matters)
 
 import argparse
 import importlib.util
@@ -23,13 +22,15 @@ from typing import Any
 
 import gradio as gr
 
-from sapiens2.runtime import heap
-from sapiens2.models import hub_cache
-from sapiens2 import serving
-from sapiens2.zerogpu import entry as zerogpu
+from sapiens2 import serving, zerogpu
 from sapiens2.errors import OptionError
 from sapiens2.inputs.limits import MAX_FILE_BYTES
+from sapiens2.models import hub_cache
+from sapiens2.models.checkpoints import CHECKPOINTS_ENV, Checkpoints
+from sapiens2.runtime import heap
 from sapiens2.tasks import registry
+from sapiens2.zerogpu.entry import resident_changed
+from sapiens2.zerogpu.quota import ACTIVATION_HEADROOM_BYTES, cache_budget_bytes
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input
 from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
@@ -40,7 +41,7 @@ log = logging.getLogger("sapiens2.app")
 HERE = Path(__file__).resolve().parent
 ASSETS = HERE / "assets"
 EXAMPLES = [str(p) for p in sorted(ASSETS.glob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
-ZERO_GPU = bool(spaces.config.Config.zero_gpu)
+ZERO_GPU = zerogpu.zero_gpu_enabled()
 MAX_FILE_SIZE = f"{MAX_FILE_BYTES // 2**20}mb"  # uploads beyond this are refused before any decoding
 MAX_QUEUE = 32  # waiting requests; more get a "queue is full" error instead of hanging
 DELETE_CACHE = (900, 1800)  # every 15 min, delete Gradio's copies of outputs older than 30 min
@@ -56,13 +57,11 @@ def build_demo(
 ) -> gr.Blocks:
     """The whole app as a ``gr.Blocks`` (tests drive exactly this object and its endpoints)."""
     heap.configure()  # before request threads allocate: they then share one heap (sapiens2/runtime/heap.py)
-    manager = manager or serving.ModelManager(
-        checkpoints=serving.checkpoints_from_env(), on_change=zerogpu.resident_changed
-    )
+    manager = manager or serving.ModelManager(checkpoints=Checkpoints.from_env(), on_change=resident_changed)
     run = Runner(manager, folders or serving.RequestFolders())
     if concurrency is None:  # ZeroGPU gives each call its own GPU; one CPU/GPU does one at a time
         concurrency = 4 if ZERO_GPU else 1
-    tasks = registry.all_tasks()
+    tasks = manager.tasks()  # its checkpoints show the tasks whose weights are not on the Hub
     with gr.Blocks(
         title="Sapiens2: " + ", ".join(t.tab for t in tasks.values()), delete_cache=DELETE_CACHE
     ) as demo:
@@ -128,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--size", default=None, help="default model size for every task that offers it")
     ap.add_argument(
         "--checkpoint", action="append", default=[], metavar="TASK=PATH",
-        help=f"this checkpoint file/folder is TASK's model; a size only checks it (repeatable; also ${serving.CHECKPOINTS_ENV})",
+        help=f"this checkpoint file/folder is TASK's model; a size only checks it (repeatable; also ${CHECKPOINTS_ENV})",
     )  # fmt: skip
     ap.add_argument("--max-models", type=int, default=None, help="models kept loaded besides preloaded ones")
     ap.add_argument("--preload", action="store_true", help="load each task's default size before serving")
@@ -144,12 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
     """The model cache the command line asks for (exits with a message on a bad option)."""
     try:
-        checkpoints = {**serving.checkpoints_from_env(), **serving.parse_checkpoint_specs(args.checkpoint)}
-        # the page shows a task whose weights are not on the Hub (albedo) only with a checkpoint
-        if checkpoints:
-            os.environ[registry.TASK_CHECKPOINTS_ENV] = ",".join(f"{t}={p}" for t, p in checkpoints.items())
+        checkpoints = Checkpoints.from_env() | Checkpoints.parse(args.checkpoint)
         if args.size:
-            sizes = {s for t in registry.all_tasks().values() for s in t.spec.sizes}
+            sizes = {s for t in registry.all_tasks(checkpoints).values() for s in t.spec.sizes}
             if args.size not in sizes:
                 raise OptionError(
                     f"--size {args.size!r} is not a model size; choose one of: {', '.join(sorted(sizes))}."
@@ -164,8 +160,8 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
         size=args.size,
         compile=args.compile,
         # ZeroGPU: every worker moves all resident weights onto its slice (docs/ZEROGPU.md)
-        max_bytes=zerogpu.cache_budget_bytes(0, zerogpu.ACTIVATION_HEADROOM_BYTES) if ZERO_GPU else None,
-        on_change=zerogpu.resident_changed,  # a fresh GPU worker after every load or eviction
+        max_bytes=cache_budget_bytes(0, ACTIVATION_HEADROOM_BYTES) if ZERO_GPU else None,
+        on_change=resident_changed,  # a fresh GPU worker after every load or eviction
     )
     if ZERO_GPU or args.preload:
         # ZeroGPU packs tensors placed on "cuda" before launch and maps them into every GPU

@@ -127,9 +127,9 @@ def main() -> None:
     ref = reference_model(args.size, hw, dtype, device)
     with tempfile.TemporaryDirectory() as tmp:
         ref.save_pretrained(tmp)
-        ours = load_model("pretrain", args.size, checkpoint=tmp, device=device, dtype=dtype)
+        ours = load_model("features", args.size, checkpoint=tmp, device=device, dtype=dtype)
         ours_fp32_rope = load_model(
-            "pretrain", args.size, checkpoint=tmp, device=device, dtype=dtype, rope_dtype=torch.float32
+            "features", args.size, checkpoint=tmp, device=device, dtype=dtype, rope_dtype=torch.float32
         )
     x = torch.randn(args.batch, 3, *hw, device=device, dtype=dtype)
     impls = {

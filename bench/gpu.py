@@ -12,8 +12,8 @@ Sections (``--sections``, default all), each a list of figures with value, targe
   1080p and a 12 MP photo; pose with 1 and 5 people.
 * ``memory``: peak GPU memory of a 1080p request per task and size, and the weights.
 * ``zerogpu``: CUDA start-up in a fresh process, pinned host -> device copy rate, sustained bf16
-  TFLOP/s (matrix products and a 1b forward), against ``sapiens2.serving.gpu_time``'s constants.
-* ``compile``: ``torch.compile`` (``sapiens2.runtime.accel.compile_model``) speed-up and warm-up seconds.
+  TFLOP/s (matrix products and a 1b forward), against ``sapiens2.models.cost``'s constants.
+* ``compile``: ``torch.compile`` (``sapiens2.models.compile.compile_model``) speed-up and warm-up seconds.
 
     python bench/gpu.py --json gpu.json                    # on a CUDA machine (10-20 min)
     python bench/gpu.py --device cpu --quick --json q.json # the same code paths on tiny models
@@ -51,11 +51,12 @@ for _p in (ROOT, ROOT / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from sapiens2.models import compile as compiling  # noqa: E402
+from sapiens2.models import cost  # noqa: E402
 from sapiens2.models.nn.backbone import fuse_qkv_in_state  # noqa: E402
 from sapiens2.models.nn.model import build_from_shapes  # noqa: E402
 from sapiens2.models.zoo import ARCHS, TASKS  # noqa: E402
-from sapiens2.runtime import accel  # noqa: E402
-from sapiens2.serving import gpu_time  # noqa: E402
+from sapiens2.runtime import threads  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
 
 
@@ -351,7 +352,7 @@ def section_correctness(plan: Plan, sec: Section) -> None:
     sec.data["bf16_vs_fp32"] = {}
     for size in ["tiny", *plan.real_sizes]:
         for task in tasks_to_run(plan):
-            if size != "tiny" and (size not in TASKS[task].sizes or (plan.quick and task != "pretrain")):
+            if size != "tiny" and (size not in TASKS[task].sizes or (plan.quick and task != "features")):
                 continue  # quick: one real-shape model (0.1b features) keeps the CPU run short
             guarded(sec, f"bf16 vs fp32 {task} {size}", bf16_figure, plan, sec, task, size)
             cleanup(plan.device)
@@ -467,7 +468,7 @@ def reference_pair(size: str, plan: Plan, tmp: Path) -> tuple[torch.nn.Module, t
     if size == "tiny":
         from tiny_checkpoints import make_tiny_model
 
-        ref = make_tiny_model("pretrain").to(plan.device, plan.dtype)
+        ref = make_tiny_model("features").to(plan.device, plan.dtype)
         head_dim = ref.config.hidden_size // ref.config.num_attention_heads
     else:
         with torch.device(plan.device):  # build on the GPU: a 5b model on the CPU takes minutes
@@ -477,7 +478,7 @@ def reference_pair(size: str, plan: Plan, tmp: Path) -> tuple[torch.nn.Module, t
     from sapiens2 import load_model
 
     ours = load_model(
-        "pretrain", None if size == "tiny" else size, checkpoint=tmp, device=plan.device, dtype=plan.dtype
+        "features", None if size == "tiny" else size, checkpoint=tmp, device=plan.device, dtype=plan.dtype
     )
     return ref, ours, head_dim
 
@@ -740,23 +741,23 @@ def sustained_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, se
 def sustained_model_tflops(plan: Plan) -> tuple[float, str]:
     """TFLOP/s of back-to-back forwards of the 1b backbone (tiny in quick mode) at 1024x768."""
     size = "tiny" if plan.quick else "1b"
-    model = random_model("pretrain", size, plan.device)
+    model = random_model("features", size, plan.device)
     model = loaded_copy(model, plan.dtype) if plan.dtype != torch.float32 else model
     x = torch.randn(1, 3, *plan.hw, device=plan.device, dtype=plan.dtype)
     # In the spec's FLOP figures (zoo.ARCHS): the units SUSTAINED_TFLOPS is used in
-    # (registry.forward_seconds). They are about half the FLOPs counted at 2 per multiply-add.
+    # (models.cost.forward_seconds). They are about half the FLOPs counted at 2 per multiply-add.
     flops = published_flops(model, plan.hw, 1) or count_flops(lambda: model(x), model)
     runs = max(3, int(plan.sustain_s / max(1e-3, median_ms(lambda: model(x), plan.device, 1) / 1e3)))
     ms = median_ms(lambda: model(x), plan.device, runs)
-    return flops / (ms / 1e3) / 1e12, f"{size} pretrain forward {plan.hw[0]}x{plan.hw[1]}, {runs} runs"
+    return flops / (ms / 1e3) / 1e12, f"{size} features forward {plan.hw[0]}x{plan.hw[1]}, {runs} runs"
 
 
 def section_zerogpu(plan: Plan, sec: Section) -> None:
-    init_c = getattr(gpu_time, "CUDA_INIT_S", None)
-    move_c = getattr(gpu_time, "MOVE_BYTES_PER_S", None)
-    tflops_c = getattr(gpu_time, "SUSTAINED_TFLOPS", None)
+    init_c = getattr(cost, "CUDA_INIT_S", None)
+    move_c = getattr(cost, "MOVE_BYTES_PER_S", None)
+    tflops_c = getattr(cost, "SUSTAINED_TFLOPS", None)
     sec.data["constants"] = {"CUDA_INIT_S": init_c, "MOVE_BYTES_PER_S": move_c, "SUSTAINED_TFLOPS": tflops_c}
-    note = lambda c: "" if c is not None else "constant not declared in gpu_time"  # noqa: E731
+    note = lambda c: "" if c is not None else "constant not declared in sapiens2.models.cost"  # noqa: E731
 
     import_s, start_s = init_seconds(plan.device, 1 if plan.quick else 3)
     sec.data["import_torch_s"] = import_s
@@ -805,26 +806,26 @@ def section_zerogpu(plan: Plan, sec: Section) -> None:
 
 def section_compile(plan: Plan, sec: Section) -> None:
     """Eager vs ``torch.compile`` of the pose model (1b; tiny in quick mode), batch 2 (one person
-    and its flipped copy), through ``accel.compile_model``: its warm-up is the startup cost."""
+    and its flipped copy), through ``compiling.compile_model``: its warm-up is the startup cost."""
     size = "tiny" if plan.quick else "1b"
     model = random_model("pose", size, plan.device)
     model = loaded_copy(model, plan.dtype) if plan.dtype != torch.float32 else model
     hw = plan.hw if plan.quick else (1024, 768)
-    x = accel.example_input(model, 2, hw)
+    x = compiling.example_input(model, 2, hw)
     eager_ms = median_ms(lambda: model(x), plan.device, plan.runs)
     with torch.inference_mode():
         eager_out = model(x).heatmaps.float()
-    why = accel.torch_compile_support(plan.device)
+    why = compiling.torch_compile_support(plan.device)
     sec.data["support"] = why or "supported"
     if why:
         # Not measurable here; still run the helper (eager backend, forced) to keep its code alive.
-        report = accel.compile_model(model, [x], backend="eager", force=True)
+        report = compiling.compile_model(model, [x], backend="eager", force=True)
         sec.data["forced_eager_backend"] = {"applied": report.applied, "seconds": report.seconds}
         sec.add("torch.compile warm-up", None, "s", "", None, f"{NO_CUDA} ({why})")
         sec.add("torch.compile gain", None, "x", "> 1", None, NO_CUDA)
         sec.add(f"eager pose {size} b2", round(eager_ms, 2), "ms", "", None)
         return
-    report = accel.compile_model(model, [x])
+    report = compiling.compile_model(model, [x])
     sec.data["report"] = report.line()
     sec.add("torch.compile warm-up", round(report.seconds, 1), "s", "", None, report.line())
     if not report.applied:
@@ -955,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.quick and args.device == "cpu":
         torch.set_num_threads(1)  # tiny models: extra threads only wait on each other (tests/conftest.py)
-    accel.configure_cpu_threads()
+    threads.configure_cpu_threads()
     plan = make_plan(args)
     meta = metadata(plan)
     sections = run_sections(plan, args.sections.split(","))

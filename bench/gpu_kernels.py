@@ -105,7 +105,7 @@ def main() -> None:
     args = ap.parse_args()
     hw = (1024, 768)
     dev = torch.device("cuda")
-    model = gpu.loaded_copy(gpu.random_model("pretrain", args.size, dev), torch.bfloat16)
+    model = gpu.loaded_copy(gpu.random_model("features", args.size, dev), torch.bfloat16)
     x = torch.randn(args.batch, 3, *hw, device=dev, dtype=torch.bfloat16)
     flops = gpu.count_flops(lambda: model(x), model)
     floor = gpu.forward_bench.products_only(model, x)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TASK_NAMES = ("pose", "seg", "normal", "pointmap", "matting", "pretrain")
+TASK_NAMES = ("pose", "seg", "normal", "pointmap", "matting", "features")
 WARMUP = 20  # requests before the first memory reading: every model is loaded by then
 RSS_TOLERANCE = 0.10
 BUSY = "Queue is full"

@@ -59,10 +59,10 @@ def pooled_save(res: Any, folder: Path, picture: Any) -> list[Path]:
     """``res.save`` as the app and the CLI run it (``serving.present``): its writes on a pool."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sapiens2.outputs.writers import WRITE_WORKERS, deferred_writes
+    from sapiens2.outputs.writers import WRITE_WORKERS, Writer
 
-    with ThreadPoolExecutor(WRITE_WORKERS) as pool, deferred_writes(pool):
-        return res.save(folder, rendered=picture)
+    with ThreadPoolExecutor(WRITE_WORKERS) as pool, Writer(pool) as writer:
+        return res.save(folder, rendered=picture, writer=writer)
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Whole-request benchmark: one photo through a task, split into the stages a Space request runs.
 
-Stages: ``read`` (file -> upright RGB, ``serving.read_photo``), ``preprocess`` (resize / crop /
+Stages: ``read`` (file -> upright RGB, ``serving.runner.read_photo``), ``preprocess`` (resize / crop /
 normalise up to the first forward), ``model`` (synchronised forwards), ``postprocess`` (decode,
 resize back, CPU arrays), ``render`` (the picture the app shows) and ``export`` (``result.save``:
 the files offered for download). Pre/post come from ``RunInfo.forward_started`` / ``model_s``, so
@@ -43,16 +43,18 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sapiens2.models import compile as compiling  # noqa: E402
 from sapiens2.models.loading import load_model  # noqa: E402
 from sapiens2.models.zoo import ARCHS, TASKS  # noqa: E402
-from sapiens2.runtime import accel  # noqa: E402
-from sapiens2.serving import read_photo  # noqa: E402
+from sapiens2.runtime import cpus  # noqa: E402
+from sapiens2.runtime import threads as cpu_threads  # noqa: E402
+from sapiens2.serving.runner import read_photo  # noqa: E402
 from sapiens2.tasks import pipeline_class  # noqa: E402
 
 STAGES = ("read", "preprocess", "model", "postprocess", "render", "export")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PHOTO = ROOT / "assets" / "nasa-aldrin-moon-fullbody-standing.jpg"
-ALL_TASKS = ("pose", "seg", "normal", "pointmap", "matting", "pretrain")
+ALL_TASKS = ("pose", "seg", "normal", "pointmap", "matting", "features")
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -253,9 +255,10 @@ def run_task(
     if args.compile != "off":
         hw = tuple(args.input_hw) if args.input_hw and task != "pointmap" else None
         ex = [
-            accel.example_input(pipe.model, b, hw or pipe.spec.input_size(size)) for b in _batches(task, args)
+            compiling.example_input(pipe.model, b, hw or pipe.spec.input_size(size))
+            for b in _batches(task, args)
         ]
-        report = accel.compile_model(pipe.model, ex)
+        report = compiling.compile_model(pipe.model, ex)
         print(f"# {task} {size}: {report.line()}")
     cases = []
     for photo, wh in photos:
@@ -331,17 +334,17 @@ def main() -> None:
         "--input-hw", nargs=2, type=int, metavar=("H", "W"), help="smaller network input (smoke runs)"
     )
     ap.add_argument("--json", type=Path, help="also write the raw timings here")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: accel's default)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the package's default)")
     args = ap.parse_args()
     args.dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     args.people = [int(p) for p in args.people.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
-    threads = accel.configure_cpu_threads()
+    threads = cpu_threads.configure_cpu_threads()
     load0 = os.getloadavg()
     print(
         f"device {args.device} ({torch.cuda.get_device_name(args.device) if args.device.startswith('cuda') else 'cpu'}), "
-        f"{args.dtype}, torch {torch.__version__}, threads {threads}, cpus {accel.available_cpus()}, "
+        f"{args.dtype}, torch {torch.__version__}, threads {threads}, cpus {cpus.available_cpus()}, "
         f"weights {args.weights}, runs {args.runs} after 1 warm-up, load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}"
     )
     if args.device.startswith("cuda"):

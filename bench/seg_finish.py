@@ -10,7 +10,7 @@ and prints medians. Cases:
   real model on a person photo;
 * ``partial``: random logits in the top ``--partial`` fraction of the rows, blobs below; with
   ``--crossover`` a sweep of that fraction times the working tree's dense and sparse paths, to
-  place ``seg._DENSE_FROM``.
+  place ``seg_logits._DENSE_FROM``.
 
 Each row also checks that both codes give the same result (the colour PNG: the new palette PNG
 decodes to the old RGB picture). ``--device cuda`` runs from_logits on the GPU, as served.
@@ -45,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sapiens2.data.metadata import SEG_PALETTE  # noqa: E402
+from sapiens2.ops import seg_logits as new  # noqa: E402
 from sapiens2.outputs.export import write_png, write_png_palette  # noqa: E402
 from sapiens2.outputs.render import colorize_labels, label_ids  # noqa: E402
-from sapiens2.tasks import seg as new  # noqa: E402
 
 NET_HW = (1024, 768)
 CLASSES = 29

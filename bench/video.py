@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from request import DTYPES, PHOTO, shape_model  # noqa: E402
 
-from sapiens2.runtime import accel  # noqa: E402
+from sapiens2.runtime import threads as cpu_threads  # noqa: E402
 from sapiens2.tasks import pipeline_class  # noqa: E402
 from sapiens2.video import VideoLimits, VideoWriter, run_video  # noqa: E402
 from sapiens2.video.runner import staged  # noqa: E402
@@ -175,7 +175,7 @@ def main() -> None:
         codec_table(tuple(args.clip))
         return
     args.dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
-    threads = accel.configure_cpu_threads()
+    threads = cpu_threads.configure_cpu_threads()
     load = os.getloadavg()
     print(
         f"device {args.device}, {args.dtype}, torch {torch.__version__}, threads {threads}, size {args.size}, "

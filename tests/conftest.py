@@ -27,3 +27,12 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     wrote it), for every zoo task."""
     root = tmp_path_factory.mktemp("tiny_checkpoints")
     return {task: make_tiny_checkpoint(task, root / task, seed=i) for i, task in enumerate(all_task_names())}
+
+
+@pytest.fixture(scope="session")
+def space_checkpoints(tiny_checkpoints: dict[str, Path]) -> dict[str, Path]:
+    """The tiny checkpoints of the tasks the Space shows (those on the Hub): a server given a
+    checkpoint for a task off the Hub (albedo) shows that task too."""
+    from sapiens2.models.zoo import TASKS
+
+    return {task: path for task, path in tiny_checkpoints.items() if TASKS[task].on_hub}

@@ -19,4 +19,4 @@ def split_options(task: str, options: dict[str, Any]) -> tuple[dict[str, Any], d
 def infer(manager: ModelManager, task: str, image: Any, size: str | None = None, **infer_opts: Any) -> Any:
     """One task on one image in this process (read, load, prepare, infer, finish): its result."""
     runner = RequestRunner(manager)
-    return runner.results(runner.job(task, [image], size, infer_opts))[0]
+    return runner.results(runner.job(registry.get(task), [image], size, infer_opts))[0]

@@ -26,6 +26,7 @@ from sapiens2 import serving  # noqa: E402
 from sapiens2.errors import WeightsUnavailableError  # noqa: E402
 from sapiens2.inputs.intake import load_image  # noqa: E402
 from sapiens2.models import hub_cache  # noqa: E402
+from sapiens2.models.checkpoints import CHECKPOINTS_ENV, Checkpoints  # noqa: E402
 from sapiens2.models.loading import load_model  # noqa: E402
 from sapiens2.models.nn.model import arch_from_shapes  # noqa: E402
 from sapiens2.models.nn.outputs import DenseOutput, SegOutput  # noqa: E402
@@ -175,7 +176,6 @@ def test_without_segmentation_every_pixel_is_kept(tmp_path) -> None:
 
 
 def test_hidden_without_a_checkpoint_and_off_the_space_preload(monkeypatch, tmp_path) -> None:
-    monkeypatch.delenv(registry.TASK_CHECKPOINTS_ENV, raising=False)
     monkeypatch.setenv("SAPIENS2_CHECKPOINTS", str(tmp_path))
     assert "albedo" in registry.declared() and "albedo" not in registry.all_tasks()
     assert registry.get("albedo").pipeline is AlbedoPipeline  # still runnable by name
@@ -201,8 +201,7 @@ def test_a_checkpoint_shows_it_in_the_page_api_and_cli(
 
     path, _ = albedo_checkpoint
     monkeypatch.delenv("SAPIENS2_CHECKPOINTS", raising=False)
-    monkeypatch.setenv(registry.TASK_CHECKPOINTS_ENV, f"albedo={path}")
-    names = list(registry.all_tasks())
+    names = list(registry.all_tasks(Checkpoints({"albedo": path})))
     assert names.index("albedo") == names.index("matting") + 1  # tab order: the zoo's row order
     manager = serving.ModelManager(device="cpu", checkpoints={"albedo": path, "seg": tiny_checkpoints["seg"]})
     demo = app.build_demo(manager, folders=serving.RequestFolders(tmp_path / "req"))
@@ -226,7 +225,7 @@ def test_a_checkpoint_shows_it_in_the_page_api_and_cli(
 def test_the_cli_names_it_only_with_a_checkpoint(monkeypatch, tmp_path, capsys) -> None:
     from sapiens2.cli import build_parser
 
-    monkeypatch.delenv(registry.TASK_CHECKPOINTS_ENV, raising=False)
+    monkeypatch.delenv(CHECKPOINTS_ENV, raising=False)
     monkeypatch.setenv("SAPIENS2_CHECKPOINTS", str(tmp_path))
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])

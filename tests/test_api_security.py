@@ -90,12 +90,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served_app(tiny_checkpoints: dict[str, Path], tmp: Path) -> Iterator[Server]:
+def served_app(checkpoints: dict[str, Path], tmp: Path) -> Iterator[Server]:
     """The real app on the tiny checkpoints, served on 127.0.0.1 until the block ends."""
     mp = pytest.MonkeyPatch()
     mp.setenv("GRADIO_EXAMPLES_CACHE", str(tmp / "examples"))
     mp.setenv("HF_HUB_OFFLINE", "1")
-    manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+    manager = serving.ModelManager(device="cpu", checkpoints=checkpoints)
     demo = app.build_demo(manager, folders=serving.RequestFolders(tmp / "requests"))
     _, url, _ = app.launch(demo, host="127.0.0.1", port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
@@ -106,8 +106,8 @@ def served_app(tiny_checkpoints: dict[str, Path], tmp: Path) -> Iterator[Server]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoints, tmp_path_factory) -> Iterator[Server]:
-    with served_app(tiny_checkpoints, tmp_path_factory.mktemp("api_security")) as srv:
+def server(space_checkpoints, tmp_path_factory) -> Iterator[Server]:
+    with served_app(space_checkpoints, tmp_path_factory.mktemp("api_security")) as srv:
         yield srv
 
 

@@ -41,7 +41,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoints, tmp_path_factory) -> Iterator[tuple[Any, str]]:
+def served(space_checkpoints, tmp_path_factory) -> Iterator[tuple[Any, str]]:
     """Two servers: the app with tiny weights, and the app with no weights at all (offline)."""
     mp = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("app")
@@ -52,7 +52,7 @@ def served(tiny_checkpoints, tmp_path_factory) -> Iterator[tuple[Any, str]]:
     mp.setenv("HF_HUB_OFFLINE", "1")
     demos = []
     urls = []
-    for checkpoints in (tiny_checkpoints, {}):
+    for checkpoints in (space_checkpoints, {}):
         manager = serving.ModelManager(device="cpu", checkpoints=checkpoints)
         demo = app.build_demo(manager, folders=serving.RequestFolders(tmp / "requests"))
         _, url, _ = app.launch(demo, host="127.0.0.1", port=free_port(), prevent_thread_lock=True, quiet=True)
@@ -225,7 +225,7 @@ def test_features_and_similarity(client: Client) -> None:
     assert emb.ndim == 1 and summary["dim"] == emb.shape[0]
     score, sim_line = client.predict(photo(), photo(), "0.1b", api_name="/similarity")
     assert score == pytest.approx(1.0, abs=1e-4)  # a photo is identical to itself
-    assert sim_line.count("pretrain") == 1 and "(both photos)" in sim_line  # one line, not two alike
+    assert sim_line.count("features") == 1 and "(both photos)" in sim_line  # one line, not two alike
 
 
 def test_all_tasks(client: Client) -> None:

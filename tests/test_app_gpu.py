@@ -24,22 +24,25 @@ import pytest
 from test_api_security import EXAMPLE, META, Server, free_port
 
 import app
+import sapiens2.zerogpu
 from sapiens2 import serving
 from sapiens2.errors import ResidencyError
+from sapiens2.serving.cache import CUSTOM
+from sapiens2.serving.device import Batch, OneTask
 from sapiens2.tasks import registry
 from sapiens2.ui import gpu
 from sapiens2.ui.handlers import all_parameters
 from sapiens2.ui.layout import MODELS
-from sapiens2.zerogpu import entry as zerogpu
+from sapiens2.zerogpu import quota as zerogpu
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoints, tmp_path_factory) -> Iterator[tuple[Server, serving.ModelManager]]:
+def served(space_checkpoints, tmp_path_factory) -> Iterator[tuple[Server, serving.ModelManager]]:
     mp = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("app_gpu")
     mp.setenv("GRADIO_EXAMPLES_CACHE", str(tmp / "examples"))  # nothing cached yet
     mp.setenv("HF_HUB_OFFLINE", "1")
-    manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+    manager = serving.ModelManager(device="cpu", checkpoints=space_checkpoints)
     demo = app.build_demo(manager, concurrency=1, folders=serving.RequestFolders(tmp / "requests"))
     _, url, _ = app.launch(demo, host="127.0.0.1", port=free_port(), prevent_thread_lock=True, quiet=True)
     yield Server(url, demo, tmp / "requests"), manager
@@ -116,9 +119,10 @@ class DeviceWatch:
         monkeypatch.setattr(gpu.run_on_gpu, "fn", self)
 
     def __call__(self, *args: Any) -> Any:
+        unit = args[1]  # (the model cache's key, the unit of device work)
         with self.lock:
-            self.calls.append(args[1])
-            self.seconds.append(args[-1])  # what the call reserves (before ZeroGPU's factor)
+            self.calls.append(unit.what)
+            self.seconds.append(unit.seconds)  # what the call reserves (before ZeroGPU's factor)
             self.active += 1
             self.peak = max(self.peak, self.active)
         try:
@@ -189,7 +193,7 @@ def test_a_model_load_reports_its_progress_to_the_visitor(served, monkeypatch) -
 
     monkeypatch.setattr(server.demo._queue, "set_progress", record)
     photo = {"path": server.upload(EXAMPLE), "meta": META}
-    assert ("matting", serving.CUSTOM) not in manager.loaded()
+    assert ("matting", CUSTOM) not in manager.loaded()
     completed(queue_run(server, fn_index(server, "matting"), [photo, None, None, None]))
     loads = [u for u in updates if u[0] == "Loading model.safetensors"]
     assert loads and all(unit == "B" and length and length > 0 for _, unit, length in loads)
@@ -214,7 +218,7 @@ def announced_before_the_device_call(
 ) -> tuple[list[str], DeviceWatch, list[bool]]:
     """Run ``api`` as on ZeroGPU (cost notices on); each device call waits for the visitor to
     have received an info message. Returns the info texts, the watch and what each call saw."""
-    monkeypatch.setattr(zerogpu, "zero_gpu_enabled", lambda: True)
+    monkeypatch.setattr(sapiens2.zerogpu, "zero_gpu_enabled", lambda: True)
     told = threading.Event()
     saw: list[bool] = []
     watch = DeviceWatch(monkeypatch, before=lambda: saw.append(told.wait(20)))
@@ -248,13 +252,13 @@ def test_all_tasks_at_5b_tell_the_total_before_the_first_gpu_call(served, monkey
     }
     data = [{"path": server.upload(EXAMPLE), "meta": META}, *values.values()]
     infos, watch, saw = announced_before_the_device_call(server, monkeypatch, "all", data)
-    assert watch.calls == [""]  # one GPU call (step "many") for every task
+    assert watch.calls == ["all tasks"]  # one GPU call (one AllTasks unit) for every task
     assert saw and all(saw)
     assert infos[0].startswith("Running all tasks reserves up to ")
     # the total is what the one call reserves (capped at what an anonymous visitor can start)
     charged = int(infos[0].split("reserves up to ")[1].split()[0])
     assert charged == zerogpu.gpu_request(sum(watch.seconds)).charged_s
-    assert all(zerogpu.gpu_request(s).fits_anonymous for s in watch.seconds)  # the call is startable
+    assert all(zerogpu.gpu_request(s).fits("anonymous") for s in watch.seconds)  # the call is startable
 
 
 # ----------------------------------------------------------------------------- residency
@@ -267,7 +271,7 @@ def test_the_gpu_function_refuses_to_load_through_the_app(served, monkeypatch, t
     server, manager = served
     fresh = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
     with pytest.raises(ResidencyError, match="not resident"):
-        gpu.device_call(fresh)("seg", "1b", [None], {}, 5)
+        list(gpu.gpu_device(fresh)(OneTask(Batch(registry.get("seg"), "1b", (None,), {}), 5)))
     assert fresh.loads == 0 and fresh.loaded() == []
 
     loads: list[int] = []
@@ -276,7 +280,7 @@ def test_the_gpu_function_refuses_to_load_through_the_app(served, monkeypatch, t
     event, data, _ = server.call("seg", [photo, None, None, None])
     assert watch.calls == ["seg"]
     assert event == "error" and data["title"] == "Server error" and "not resident" in data["error"]
-    assert manager.loads == loads[0] and ("seg", serving.CUSTOM) not in manager.loaded()
+    assert manager.loads == loads[0] and ("seg", CUSTOM) not in manager.loaded()
     monkeypatch.undo()
     assert server.call("seg", [photo, None, None, None])[0] == "complete"  # loads again, runs
 
@@ -299,5 +303,5 @@ def test_a_clip_goes_through_the_gpu_entry_once(served, monkeypatch, tmp_path: P
     assert event == "complete", text[:300]
     assert data[3]["frames"] == 5
     assert watch.calls == ["pose"]  # one admission for the clip, batches of 2 inside
-    assert all(zerogpu.gpu_request(s).fits_anonymous for s in watch.seconds)
+    assert all(zerogpu.gpu_request(s).fits("anonymous") for s in watch.seconds)
     assert {fn.concurrency_id for fn in server.demo.fns.values() if fn.name == "video"} == {MODELS}

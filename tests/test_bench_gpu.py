@@ -19,8 +19,8 @@ import pytest
 import torch
 from tiny_checkpoints import TASK_NAMES
 
+from sapiens2.models import compile as compiling
 from sapiens2.models.loading import load_model
-from sapiens2.runtime import accel
 from sapiens2.tasks import pipeline_class
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,8 +77,8 @@ def test_device_path_bf16_matches_fp32(task: str, device: str) -> None:
     res = gpu.compare_dtypes(model, hw, torch.bfloat16)
     assert res, "no outputs compared"
     for name, r in res.items():
-        assert r["finite"] and r["head_fp32"] == (task != "pretrain"), (name, r)
-        assert r["out_dtype"] == ("bfloat16" if task == "pretrain" else "float32"), (name, r)
+        assert r["finite"] and r["head_fp32"] == (task != "features"), (name, r)
+        assert r["out_dtype"] == ("bfloat16" if task == "features" else "float32"), (name, r)
         assert r["cosine"] >= gpu.TARGET_BF16_COSINE, (name, r)
         assert 0 < r["max_rel"] <= gpu.TARGET_BF16_TINY_REL, (name, r)  # 0 would mean bf16 never ran
 
@@ -89,10 +89,10 @@ def test_device_path_bf16_matches_fp32(task: str, device: str) -> None:
 def test_device_path_torch_compile(tiny_checkpoints, device: str) -> None:
     """Inductor compiles the pose model on a GPU, and the compiled model agrees with eager."""
     model = load_model("pose", checkpoint=tiny_checkpoints["pose"], device=device)
-    x = accel.example_input(model, 2, SMALL)
+    x = compiling.example_input(model, 2, SMALL)
     with torch.inference_mode():
         eager = model(x).heatmaps.float()
-    report = accel.compile_model(model, [x])
+    report = compiling.compile_model(model, [x])
     assert report.applied, report.reason
     with torch.inference_mode():
         compiled = model(x).heatmaps.float()
@@ -151,11 +151,11 @@ def test_quick_cpu_run_reports_every_section(tmp_path: Path) -> None:
     assert tests["returncode"] == 0 and tests["failed"] == 0
     assert (tests["passed"], tests["skipped"]) == ((4, 0) if CUDA else (2, 2))  # quick: pose's only
     pairs = doc["correctness"]["bf16_vs_fp32"]
-    assert {f"{t} tiny" for t in TASK_NAMES} <= set(pairs) and "pretrain 0.1b" in pairs
+    assert {f"{t} tiny" for t in TASK_NAMES} <= set(pairs) and "features 0.1b" in pairs
     for key, per_output in pairs.items():
         for r in per_output.values():
             assert 0.99 <= r["cosine"] <= 1.0 + 1e-6, key
-            assert r["out_dtype"] == ("bfloat16" if key.startswith("pretrain") else "float32"), key
+            assert r["out_dtype"] == ("bfloat16" if key.startswith("features") else "float32"), key
 
     # forward: both implementations timed at batch 1 and 8; FLOPs counted; SDPA kernel seen
     rows = doc["forward"]["rows"]

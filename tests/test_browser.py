@@ -46,12 +46,12 @@ TABS = [
     ("Normals", "Run normals", "normal"),
     ("Pointmap / 3D", "Run pointmap", "pointmap"),
     ("Matting", "Run matting", "matting"),
-    ("Features", "Run features", "pretrain"),
+    ("Features", "Run features", "features"),
 ]
 
 
 @pytest.fixture(scope="module")
-def app_url(tiny_checkpoints, tmp_path_factory) -> Iterator[str]:
+def app_url(space_checkpoints, tmp_path_factory) -> Iterator[str]:
     mp = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("browser_app")
     mp.setenv("GRADIO_EXAMPLES_CACHE", str(tmp / "examples"))
@@ -59,7 +59,7 @@ def app_url(tiny_checkpoints, tmp_path_factory) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+    manager = serving.ModelManager(device="cpu", checkpoints=space_checkpoints)
     demo = app.build_demo(manager, folders=serving.RequestFolders(tmp / "requests"))
     _, url, _ = app.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True, quiet=True)
     yield url

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from registry_helpers import task as T
 from tiny_checkpoints import write_header_only, zoo_shapes
 
 import sapiens2
@@ -20,6 +21,7 @@ from sapiens2 import serving
 from sapiens2.cli import main
 from sapiens2.errors import CheckpointError, OptionError
 from sapiens2.models.loading import checkpoint_size_conflict
+from sapiens2.serving.cache import CUSTOM
 
 
 @pytest.fixture
@@ -96,28 +98,30 @@ def test_cli_size_against_a_published_checkpoint(pose_04b: Path, photo: Path, tm
 
 def test_app_offers_only_the_checkpoint_size(pose_04b: Path) -> None:
     manager = serving.ModelManager(device="cpu", checkpoints={"pose": pose_04b}, size="1b")
-    assert manager.sizes("pose") == ("0.4b",)  # the size menu
-    assert manager.default_size("pose") == "0.4b"  # the file wins over the server's --size
-    assert manager.default_size("seg") == "1b" and "5b" in manager.sizes("seg")  # other tasks: as before
-    assert manager.key("pose", "0.4b") == manager.key("pose", None) == ("pose", serving.CUSTOM)
+    assert manager.sizes(T("pose")) == ("0.4b",)  # the size menu
+    assert manager.default_size(T("pose")) == "0.4b"  # the file wins over the server's --size
+    assert manager.default_size(T("seg")) == "1b" and "5b" in manager.sizes(
+        T("seg")
+    )  # other tasks: as before
+    assert manager.key(T("pose"), "0.4b") == manager.key(T("pose"), None) == ("pose", CUSTOM)
     with pytest.raises(OptionError) as err:
-        manager.key("pose", "1b")  # an API caller asking for another size: refused, not ignored
+        manager.key(T("pose"), "1b")  # an API caller asking for another size: refused, not ignored
     msg = str(err.value)
     assert "checkpoint my_pose.safetensors, size 0.4b; size 1b is not offered" in msg
     assert "choose size 0.4b or no size" in msg
     with pytest.raises(OptionError, match="Size '7b' does not exist for pose"):
-        manager.key("pose", "7b")
+        manager.key(T("pose"), "7b")
 
 
 def test_app_custom_checkpoint_takes_every_size(tiny_checkpoints) -> None:
     manager = serving.ModelManager(device="cpu", checkpoints={"seg": tiny_checkpoints["seg"]})
-    assert manager.checkpoint_size("seg") is None
-    assert manager.sizes("seg") == sapiens2.get_task("seg").sizes
-    assert {manager.key("seg", s) for s in ("0.4b", "1b", None)} == {("seg", serving.CUSTOM)}
-    pipe = manager.get("seg", "1b")
+    assert manager.checkpoint_size(T("seg")) is None
+    assert manager.sizes(T("seg")) == sapiens2.get_task("seg").sizes
+    assert {manager.key(T("seg"), s) for s in ("0.4b", "1b", None)} == {("seg", CUSTOM)}
+    pipe = manager.get(T("seg"), "1b")
     assert pipe.run_info().line().startswith("seg custom")
     with pytest.raises(OptionError, match="Size 'huge' does not exist for seg"):
-        manager.key("seg", "huge")
+        manager.key(T("seg"), "huge")
 
 
 def test_app_endpoint_refuses_another_size_and_offers_the_files(

@@ -169,7 +169,7 @@ def test_features_batch(tiny_checkpoints, tmp_path, monkeypatch, capsys):
             "features",
             str(img),
             "--checkpoint",
-            str(tiny_checkpoints["pretrain"]),
+            str(tiny_checkpoints["features"]),
             "--out",
             str(tmp_path / "o"),
         ]

@@ -17,8 +17,8 @@ from PIL import Image
 
 from sapiens2.errors import OptionError, WeightsUnavailableError
 from sapiens2.models.nn.outputs import NormalOutput, PointmapOutput, SegOutput
+from sapiens2.ops import seg_logits as seg_module
 from sapiens2.outputs.render import colorize_labels
-from sapiens2.tasks import seg as seg_module
 from sapiens2.tasks.features import FeaturesPipeline, FeaturesResult, cosine_similarity
 from sapiens2.tasks.matting import MattingPipeline
 from sapiens2.tasks.normal import NormalPipeline
@@ -56,7 +56,7 @@ def pipes(tiny_checkpoints):
         "normal": NormalPipeline,
         "pointmap": PointmapPipeline,
         "matting": MattingPipeline,
-        "pretrain": FeaturesPipeline,
+        "features": FeaturesPipeline,
     }
 
     def get(task: str):
@@ -236,7 +236,7 @@ def test_normal_end_to_end_tiny(pipes, photo_path, tmp_path):
 
 
 def test_unit_normalise_in_place_keeps_zero_vectors():
-    from sapiens2.tasks.normal import unit_normalise
+    from sapiens2.ops.maps import unit_normalise
 
     x = np.random.default_rng(0).standard_normal((300, 7, 3)).astype(np.float32) * 50
     x[5, 3] = 0.0
@@ -427,7 +427,7 @@ def test_matting_end_to_end_tiny(pipes, photo_path, tmp_path):
 
 
 def test_features_end_to_end_and_similarity(pipes, photo_path, tmp_path):
-    pipe = pipes("pretrain")
+    pipe = pipes("features")
     res = pipe(photo_path)
     assert isinstance(res, FeaturesResult)
     assert res.embedding.ndim == 1 and res.embedding.dtype == np.float32
@@ -478,7 +478,7 @@ def test_downscaled_big_image_maps_back_to_original_size(pipes):
     assert pm.focal_px == pytest.approx(1536 * 4200 / 768)  # the 4096 px copy is letterboxed to 768
 
 
-@pytest.mark.parametrize("task", ["seg", "normal", "pointmap", "matting", "pretrain"])
+@pytest.mark.parametrize("task", ["seg", "normal", "pointmap", "matting", "features"])
 def test_nan_in_model_output_does_not_break_render_or_exports(pipes, task, tmp_path):
     kwargs = {}
     if task in ("normal", "pointmap"):
@@ -497,6 +497,6 @@ def test_nan_in_model_output_does_not_break_render_or_exports(pipes, task, tmp_p
         assert np.isnan(res.focal_px) and np.isnan(res.scale)
         count, rec = parse_ply(tmp_path / "image_pointcloud.ply")
         assert count == len(res.points()[0]) and np.isfinite(rec["z"]).all()
-    if task == "pretrain":
+    if task == "features":
         with pytest.raises(OptionError, match="NaN"):
             cosine_similarity(res, res)

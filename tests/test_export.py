@@ -25,7 +25,7 @@ from sapiens2.data.metadata import (
 )
 from sapiens2.errors import InputImageError, OptionError
 from sapiens2.outputs import export
-from sapiens2.outputs.writers import deferred_writes
+from sapiens2.outputs.writers import NOW, Writer
 
 # ---------------------------------------------------------------- names and paths
 
@@ -101,69 +101,72 @@ def test_npy_casts_without_creating_inf(tmp_path: Path) -> None:
     assert (np.load(export.write_npy(tmp_path / "b.npy", np.arange(4))) == np.arange(4)).all()
 
 
-def _some_files(out: Path) -> list[Path]:
+def _some_files(out: Path, writer: Writer = NOW) -> list[Path]:
     """A save() of several kinds: gray, RGB, RGBA PNGs and NPYs with and without a cast."""
     rng = np.random.default_rng(1)
     return [
-        export.write_png(out / "rgb.png", rng.integers(0, 256, (300, 200, 3), dtype=np.uint8)),
-        export.write_npy(out / "half.npy", rng.standard_normal((300, 200, 3)).astype(np.float32), np.float16),
-        export.write_png(out / "gray.png", rng.integers(0, 256, (300, 200), dtype=np.uint8)),
-        export.write_png(out / "rgba.png", rng.integers(0, 256, (300, 200, 4), dtype=np.uint8)),
-        export.write_npy(out / "ids.npy", rng.integers(0, 29, (300, 200), dtype=np.uint8)),
-    ]
+        export.write_png(out / "rgb.png", rng.integers(0, 256, (300, 200, 3), dtype=np.uint8), writer=writer),
+        export.write_npy(out / "half.npy", rng.standard_normal((300, 200, 3)).astype(np.float32), np.float16,
+                         writer=writer),
+        export.write_png(out / "gray.png", rng.integers(0, 256, (300, 200), dtype=np.uint8), writer=writer),
+        export.write_png(out / "rgba.png", rng.integers(0, 256, (300, 200, 4), dtype=np.uint8), writer=writer),
+        export.write_npy(out / "ids.npy", rng.integers(0, 29, (300, 200), dtype=np.uint8), writer=writer),
+    ]  # fmt: skip
 
 
-def test_deferred_writes_give_the_sequential_files_in_the_same_order(tmp_path: Path) -> None:
+def test_a_pooled_writer_gives_the_sequential_files_in_the_same_order(tmp_path: Path) -> None:
     one_by_one = _some_files(tmp_path / "seq")
-    with ThreadPoolExecutor(3) as pool, deferred_writes(pool) as jobs:
-        side_by_side = _some_files(tmp_path / "pool")
-        assert len(jobs) == len(side_by_side)  # every write went to the pool
+    with ThreadPoolExecutor(3) as pool, Writer(pool) as writer:
+        side_by_side = _some_files(tmp_path / "pool", writer)
+        assert len(writer.jobs) == len(side_by_side)  # every write went to the pool
     assert [p.name for p in side_by_side] == [p.name for p in one_by_one]
     for a, b in zip(one_by_one, side_by_side, strict=True):
         assert b.read_bytes() == a.read_bytes(), b.name
-    assert [job.result() for job in jobs] == side_by_side
+    assert [job.result() for job in writer.jobs] == side_by_side
 
 
-def test_deferred_writes_belong_to_the_thread_that_opened_them(tmp_path: Path) -> None:
-    """Another request's thread writes as usual while this one defers (a ContextVar)."""
+def test_a_writer_is_passed_explicitly(tmp_path: Path) -> None:
+    """A write given no writer writes at once, whatever pooled writer another caller holds open."""
     elsewhere: list[Path] = []
-    with ThreadPoolExecutor(2) as pool, deferred_writes(pool) as jobs:
+    with ThreadPoolExecutor(2) as pool, Writer(pool) as writer:
         other = threading.Thread(
             target=lambda: elsewhere.append(export.write_png(tmp_path / "o.png", np.zeros((4, 4), np.uint8)))
         )
         other.start()
         other.join()
-        assert elsewhere[0].is_file() and not jobs  # written at once, not one of this block's jobs
-    export.write_png(tmp_path / "after.png", np.zeros((4, 4), np.uint8))
-    assert len(jobs) == 0 and (tmp_path / "after.png").is_file()  # the block is over: at once again
+        assert elsewhere[0].is_file() and not writer.jobs  # written at once, not one of the writer's jobs
+        export.write_png(tmp_path / "now.png", np.zeros((4, 4), np.uint8))
+        assert (tmp_path / "now.png").is_file() and not writer.jobs  # the default writes at once
 
 
-def test_deferred_write_errors_are_those_of_a_sequential_run(tmp_path: Path) -> None:
+def test_pooled_write_errors_are_those_of_a_sequential_run(tmp_path: Path) -> None:
     big = np.random.default_rng(2).integers(0, 256, (1500, 1500, 3), dtype=np.uint8)
     (tmp_path / "first.png").mkdir()  # a folder where a file should go: the write fails
     (tmp_path / "second.npy").mkdir()
 
-    def save() -> None:
-        export.write_png(tmp_path / "first.png", big)  # slow: it fails after the next one does
-        export.write_npy(tmp_path / "second.npy", np.zeros(3))
-        export.write_png(tmp_path / "third.png", big)
+    def save(writer: Writer = NOW) -> None:
+        export.write_png(tmp_path / "first.png", big, writer=writer)  # slow: it fails after the next one does
+        export.write_npy(tmp_path / "second.npy", np.zeros(3), writer=writer)
+        export.write_png(tmp_path / "third.png", big, writer=writer)
 
     with pytest.raises(IsADirectoryError) as sequential:
         save()
     with pytest.raises(IsADirectoryError) as deferred:
-        with ThreadPoolExecutor(3) as pool, deferred_writes(pool):
-            save()
+        with ThreadPoolExecutor(3) as pool, Writer(pool) as writer:
+            save(writer)
     assert Path(deferred.value.filename).name == Path(sequential.value.filename).name == "first.png"
     # the block's own error after a failed write: the write's error, as a sequential run gives
     with pytest.raises(IsADirectoryError):
-        with ThreadPoolExecutor(3) as pool, deferred_writes(pool):
-            export.write_png(tmp_path / "first.png", big)
-            export.write_png(tmp_path / "bad.png", np.zeros((2, 2), np.float32))  # InputImageError
+        with ThreadPoolExecutor(3) as pool, Writer(pool) as writer:
+            export.write_png(tmp_path / "first.png", big, writer=writer)
+            export.write_png(
+                tmp_path / "bad.png", np.zeros((2, 2), np.float32), writer=writer
+            )  # InputImageError
     # the block's own error when every write so far went well; those writes are finished by then
     with pytest.raises(InputImageError, match="uint8/uint16"):
-        with ThreadPoolExecutor(3) as pool, deferred_writes(pool):
-            export.write_png(tmp_path / "fine.png", big)
-            export.write_png(tmp_path / "bad.png", np.zeros((2, 2), np.float32))
+        with ThreadPoolExecutor(3) as pool, Writer(pool) as writer:
+            export.write_png(tmp_path / "fine.png", big, writer=writer)
+            export.write_png(tmp_path / "bad.png", np.zeros((2, 2), np.float32), writer=writer)
     assert (np.asarray(Image.open(tmp_path / "fine.png")) == big).all()
 
 

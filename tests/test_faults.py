@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from registry_helpers import task as T
 from tiny_checkpoints import place_hf_cache, place_release_layout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +34,7 @@ import one_request  # noqa: E402
 import sapiens2.models.loading  # noqa: E402
 import sapiens2.models.weights  # noqa: E402
 from sapiens2 import serving  # noqa: E402
-from sapiens2.errors import CheckpointError, WeightsUnavailableError  # noqa: E402
+from sapiens2.errors import CheckpointError, OutOfMemoryError, WeightsUnavailableError  # noqa: E402
 from sapiens2.tasks import pipeline  # noqa: E402
 
 SMALL = (256, 192)
@@ -158,7 +159,7 @@ def test_weights_unavailable_then_available(tiny_checkpoints, offline, app_modul
     manager = serving.ModelManager(device="cpu", factory=resolving_factory)
     run = runner(app_module, manager, tmp_path)
     with pytest.raises(app_module.gr.Error) as err:
-        run("seg", photo(), "0.8b")
+        run(T("seg"), photo(), "0.8b")
     text = str(err.value)
     assert err.value.title == "Weights unavailable"
     assert "facebook/sapiens2-seg-0.8b" in text and "SAPIENS2_CHECKPOINTS" in text
@@ -166,7 +167,7 @@ def test_weights_unavailable_then_available(tiny_checkpoints, offline, app_modul
     assert manager.loaded() == [] and manager.failures == 1
     # The user drops the file where the message said: the very next request works.
     place_release_layout(tiny_checkpoints["seg"], offline["root"], "seg", "0.8b")
-    assert run("seg", photo(), "0.8b").after.shape == (40, 30, 3)
+    assert run(T("seg"), photo(), "0.8b").after.shape == (40, 30, 3)
     assert manager.loaded() == [("seg", "0.8b")]
 
 
@@ -240,11 +241,11 @@ def test_corrupted_cached_file_is_named_and_replacing_it_fixes_the_next_request(
     manager = serving.ModelManager(device="cpu", factory=resolving_factory)
     run = runner(app_module, manager, tmp_path)
     with pytest.raises(app_module.gr.Error, match=message) as err:
-        run("normal", photo(), "0.4b")
+        run(T("normal"), photo(), "0.4b")
     assert err.value.title == "Unusable checkpoint" and str(snap.parent) in str(err.value)
     assert manager.loaded() == [] and manager.failures == 1
     blob.write_bytes(good)  # e.g. `hf cache delete` and a fresh download
-    assert run("normal", photo(), "0.4b").after.shape == (40, 30, 3)
+    assert run(T("normal"), photo(), "0.4b").after.shape == (40, 30, 3)
 
 
 # ----------------------------------------------------------------------------- out of memory
@@ -279,18 +280,18 @@ def test_out_of_memory_on_a_large_size_advises_trims_and_recovers(
 ) -> None:
     manager = serving.ModelManager(device="cpu", factory=oom_factory(tiny_checkpoints))
     run = runner(app_module, manager, tmp_path)
-    run("normal", photo(), "0.4b")
-    run("pose", photo(), "0.4b")
+    run(T("normal"), photo(), "0.4b")
+    run(T("pose"), photo(), "0.4b")
     assert len(manager.loaded()) == 2
     with pytest.raises(app_module.gr.Error) as err:
-        run("seg", photo(), "5b")
+        run(T("seg"), photo(), "5b")
     assert err.value.title == "Out of GPU memory"
     assert re.search(r"Out of GPU memory running seg 5b.*smaller size \(0\.4b, 0\.8b, 1b\)", str(err.value))
     assert manager.loaded() == [("seg", "5b")]  # the cache was trimmed to the model in use
-    shown = run("seg", photo(), "0.4b")  # the next request, at the advised size, works
+    shown = run(T("seg"), photo(), "0.4b")  # the next request, at the advised size, works
     assert shown.after.shape == (40, 30, 3) and ("seg", "0.4b") in manager.loaded()
     # the same through the package API
-    with pytest.raises(serving.OutOfMemoryError, match=r"smaller size \(0\.4b, 0\.8b, 1b\)"):
+    with pytest.raises(OutOfMemoryError, match=r"smaller size \(0\.4b, 0\.8b, 1b\)"):
         one_request.infer(manager, "pose", photo(), "5b")
 
 
@@ -298,18 +299,18 @@ def test_out_of_memory_in_all_tasks_skips_that_task_and_trims(tiny_checkpoints, 
     manager = serving.ModelManager(device="cpu", factory=oom_factory(tiny_checkpoints, large="1b"))
     run = runner(app_module, manager, tmp_path)
     jobs = [
-        ("pose", "0.4b", {}),
-        ("seg", "0.4b", {}),
-        ("matting", "1b", {}),  # matting only has 1b: out of memory there
-        ("pretrain", "0.1b", {}),
+        (T("pose"), "0.4b", {}),
+        (T("seg"), "0.4b", {}),
+        (T("matting"), "1b", {}),  # matting only has 1b: out of memory there
+        (T("features"), "0.1b", {}),
     ]
     shown, status = run.run_all(photo(), jobs)
     assert status.startswith("3 of 4 tasks done") and "Skipped: Matting" in status
-    assert isinstance(shown["matting"], serving.OutOfMemoryError)  # errors travel as objects
+    assert isinstance(shown["matting"], OutOfMemoryError)  # errors travel as objects
     assert re.match(r"Out of GPU memory running matting 1b.*smaller photo", str(shown["matting"]))
-    assert all(isinstance(shown[t], serving.Presented) for t in ("pose", "seg", "pretrain"))
+    assert all(isinstance(shown[t], serving.Presented) for t in ("pose", "seg", "features"))
     assert len(manager.loaded()) == 1  # trimmed after the failure
-    assert run("seg", photo(), "0.4b").after.shape == (40, 30, 3)
+    assert run(T("seg"), photo(), "0.4b").after.shape == (40, 30, 3)
 
 
 # ----------------------------------------------------------------------------- output files
@@ -346,8 +347,8 @@ def test_user_supplied_names_never_become_paths(tiny_checkpoints, app_module, tm
     manager = serving.ModelManager(device="cpu", checkpoints={"pose": tiny_checkpoints["pose"]},
                                    factory=lambda t, s, **kw: shrink(pipeline(t, s, **kw, detector=None)))  # fmt: skip
     run = runner(app_module, manager, tmp_path)
-    first = run("pose", Named(png_bytes(), name), None)
-    second = run("pose", Named(png_bytes(), name), None)
+    first = run(T("pose"), Named(png_bytes(), name), None)
+    second = run(T("pose"), Named(png_bytes(), name), None)
     requests = tmp_path / "requests"
     for shown in (first, second):
         folder = shown.files[0].parent
@@ -452,8 +453,8 @@ def test_every_app_request_releases_memory_even_when_it_fails(
         device="cpu", checkpoints={"seg": tiny_checkpoints["seg"]}, factory=quick_factory
     )
     run = runner(app_module, manager, tmp_path)
-    run("seg", photo(), None)
+    run(T("seg"), photo(), None)
     with pytest.raises(app_module.gr.Error, match="No photo given"):
-        run("seg", None, None)
+        run(T("seg"), None, None)
     assert len(calls) == 2
     assert len(teams) == 2  # the OpenMP workers of the request's thread are let go either way

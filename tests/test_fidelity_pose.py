@@ -22,10 +22,10 @@ from sapiens2.data.metadata import FLIP_INDEX, NUM_KEYPOINTS
 from sapiens2.inputs.detector import detect_people
 from sapiens2.inputs.intake import load_image
 from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
+from sapiens2.ops.pose_codec import decode_heatmaps
+from sapiens2.ops.pose_crops import crop_people
 from sapiens2.tasks.features import FeaturesPipeline
 from sapiens2.tasks.pose import TASK, PosePipeline, PosePrep, PoseRaw
-from sapiens2.tasks.pose_codec import decode_heatmaps
-from sapiens2.tasks.pose_crops import crop_people
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 IN_H, IN_W = 1024, 768
@@ -262,7 +262,7 @@ def test_pose_stages_equal_the_call(pose_pipe: PosePipeline, photos: dict[str, n
 def test_features_stages_equal_the_call(
     tiny_checkpoints: dict[str, Path], photos: dict[str, np.ndarray]
 ) -> None:
-    pipe = FeaturesPipeline(checkpoint=tiny_checkpoints["pretrain"], device="cpu")
+    pipe = FeaturesPipeline(checkpoint=tiny_checkpoints["features"], device="cpu")
     pipe.input_hw = (256, 192)
     img = photos["600x471"]
     whole = pipe(img)

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from registry_helpers import task as T
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # app.py lives at the top level
@@ -37,6 +38,7 @@ import one_request  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 from sapiens2.errors import InputImageError, OptionError  # noqa: E402
 from sapiens2.inputs.intake import load_image  # noqa: E402
+from sapiens2.serving.runner import read_photo  # noqa: E402
 from sapiens2.tasks import pipeline, registry  # noqa: E402
 
 SMALL = (256, 192)  # quarter of the native input: tiny models stay fast (pointmap keeps its own)
@@ -181,11 +183,11 @@ def test_corpus_decodes_or_names_the_problem(name: str, make, expected, tmp_path
     t0 = time.perf_counter()
     if isinstance(expected, str):
         with pytest.raises(InputImageError, match=expected):
-            serving.read_photo(str(path))
+            read_photo(str(path))
         # refusals are cheap: nothing is decoded before the header is checked
         assert time.perf_counter() - t0 < 1.0
     else:
-        intake = serving.read_photo(str(path))
+        intake = read_photo(str(path))
         assert intake.rgb.dtype == np.uint8 and intake.rgb.ndim == 3 and intake.rgb.shape[2] == 3
         assert expected(intake.rgb), intake.rgb[:2, :2]
         assert intake.name == Path(name).stem
@@ -309,9 +311,9 @@ def manager(tiny_checkpoints) -> serving.ModelManager:
 def run(manager: serving.ModelManager, task: str, image: Any, out: Path, **options: Any) -> serving.Presented:
     """What the app does per request, minus Gradio."""
     infer_opts, render_opts = one_request.split_options(task, options)
-    intake = serving.read_photo(image)
+    intake = read_photo(image)
     result = one_request.infer(manager, task, intake, None, **infer_opts)
-    return serving.present(result, out, **render_opts)
+    return serving.present(T(task), result, out, **render_opts)
 
 
 def check_exports(shown: serving.Presented, hw: tuple[int, int], out: Path) -> None:
@@ -435,10 +437,10 @@ def test_nan_and_inf_in_model_output_never_reach_pictures_or_files(tiny_checkpoi
         result = one_request.infer(sick, "pose", img)
         for kw in ({"threshold": 0.0}, {"body_only": True, "show_boxes": True}):
             assert result.render(**kw).shape == (40, 30, 3)
-    if task == "pretrain":
+    if task == "features":
         from sapiens2.tasks.features import cosine_similarity
 
-        res = one_request.infer(sick, "pretrain", img)
+        res = one_request.infer(sick, "features", img)
         with pytest.raises(OptionError, match="NaN"):
             cosine_similarity(res, res)
 
@@ -505,13 +507,13 @@ def test_wrong_options_name_the_allowed_values(call, message: str) -> None:
 
 
 def test_pipelines_refuse_wrong_option_values_too(manager) -> None:
-    pose = manager.get("pose")
+    pose = manager.get(T("pose"))
     img = person_like(20, 20)
     with pytest.raises(OptionError, match=r"score_threshold must be a number in \[0, 1\]; got 1\.5"):
         pose(img, score_threshold=1.5)
     with pytest.raises(OptionError, match=r"max_people must be a whole number >= 1"):
         pose(img, max_people=0)
-    seg = manager.get("seg")(img)
+    seg = manager.get(T("seg"))(img)
     with pytest.raises(OptionError, match=r"opacity must be between 0 and 1"):
         seg.render(opacity=3)
     with pytest.raises(OptionError, match=r"Unknown body-part class 'wings'"):
@@ -616,7 +618,7 @@ def test_app_matting_background_of_another_size_and_mode(client, tmp_path: Path)
         ("/seg", ("0.4b", 0.5, ["Torso", "wings"]), r"Unknown body-part class 'wings'.*Torso"),
         ("/normal", ("0.4b", False, "purple"), r"one of: black, photo; got 'purple'"),
         ("/matting", ("1b", "sky blue", None), r"'#rrggbb'"),
-        ("/similarity", ("PHOTO", "0.3b"), r"Size '0\.3b' does not exist for pretrain"),
+        ("/similarity", ("PHOTO", "0.3b"), r"Size '0\.3b' does not exist for features"),
     ],
 )
 def test_app_wrong_option_values_are_errors_naming_the_allowed_values(

@@ -39,7 +39,7 @@ def cache(tmp_path: Path) -> Path:
         ("pointmap", "0.8b", 3_000),
         ("pose", "0.4b", 4_000),
         ("normal", "0.4b", 3_500),
-        ("pretrain", "1b-4k", 2_500),
+        ("features", "1b-4k", 2_500),
     ]:
         _place(tmp_path / "w.safetensors", root, task, size, used_at=when)
     other = _repo_dir(root, "someone/sapiens2-pose-5b-finetune") / "snapshots" / "abc"

@@ -42,7 +42,7 @@ def test_explicit_folder_and_file(tiny_checkpoints) -> None:
 
 
 def test_pretrain_is_backbone_only(tiny_checkpoints) -> None:
-    model = sapiens2.load_model("pretrain", checkpoint=tiny_checkpoints["pretrain"], device="cpu")
+    model = sapiens2.load_model("features", checkpoint=tiny_checkpoints["features"], device="cpu")
     with torch.inference_mode():
         out = model(torch.zeros(2, 3, 32, 64))
     assert isinstance(out, FeaturesOutput)
@@ -138,8 +138,8 @@ def test_checkpoint_of_another_task(tiny_checkpoints) -> None:
         CheckpointError, match=r"is a Sapiens2 pose checkpoint, a custom size .*not a seg checkpoint"
     ):
         sapiens2.load_model("seg", checkpoint=tiny_checkpoints["pose"])
-    with pytest.raises(CheckpointError, match="is a Sapiens2 pretrain checkpoint"):
-        sapiens2.load_model("normal", checkpoint=tiny_checkpoints["pretrain"])
+    with pytest.raises(CheckpointError, match="is a Sapiens2 features checkpoint"):
+        sapiens2.load_model("normal", checkpoint=tiny_checkpoints["features"])
 
 
 def test_checkpoint_of_another_size(tmp_path: Path) -> None:
@@ -178,13 +178,13 @@ def test_stored_rope_periods_are_accepted(tiny_checkpoints, tmp_path: Path) -> N
 
 
 def test_many_missing_keys_are_summarised(tiny_checkpoints, tmp_path: Path) -> None:
-    tensors = load_file(str(tiny_checkpoints["pretrain"] / "model.safetensors"))
+    tensors = load_file(str(tiny_checkpoints["features"] / "model.safetensors"))
     for k in [k for k in tensors if k.startswith("blocks.3.")]:
         del tensors[k]
     tensors["blocks.3.ln1.weight"] = torch.ones(64)  # keeps layer 3 in the layout
     save_file(tensors, str(tmp_path / "cut.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing keys: blocks\.3\..*and \d+ more"):
-        sapiens2.load_model("pretrain", checkpoint=tmp_path / "cut.safetensors")
+        sapiens2.load_model("features", checkpoint=tmp_path / "cut.safetensors")
 
 
 def test_unreadable_layout_names_the_file(tiny_checkpoints, tmp_path: Path) -> None:
@@ -209,11 +209,11 @@ def test_corrupt_and_foreign_files(tmp_path: Path) -> None:
 
 
 def test_truncated_tensor_data(tiny_checkpoints, tmp_path: Path) -> None:
-    data = (tiny_checkpoints["pretrain"] / "model.safetensors").read_bytes()
+    data = (tiny_checkpoints["features"] / "model.safetensors").read_bytes()
     cut = tmp_path / "cut.safetensors"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="download it again"):
-        sapiens2.load_model("pretrain", checkpoint=cut)
+        sapiens2.load_model("features", checkpoint=cut)
 
 
 def test_describe_checkpoint(tiny_checkpoints) -> None:

@@ -1,6 +1,6 @@
 """The full-resolution files made on request (issue 21): a run in the app leaves the mesh (GLB, PLY)
-and the point cloud PLY out and keeps what makes them; ``full_resolution_files`` then writes the
-same files, byte for byte, as ``save()``."""
+and the point cloud PLY out and keeps what makes them (``serving.on_demand.keep``);
+``serving.on_demand.make`` then writes the same files, byte for byte, as ``save()``."""
 
 from __future__ import annotations
 
@@ -13,11 +13,15 @@ import pytest
 from test_mesh import F, colours, plane_pointmap
 
 from sapiens2.errors import ResultNotFoundError
-from sapiens2.outputs.writers import deferred_writes
-from sapiens2.serving import RequestFolders
+from sapiens2.outputs.pointmap_files import make_full_resolution
+from sapiens2.outputs.writers import Writer
+from sapiens2.serving import RequestFolders, on_demand
 from sapiens2.tasks import registry
 from sapiens2.tasks.base import RunInfo
-from sapiens2.tasks.pointmap import FULL_SOURCE, PointmapResult, full_resolution_files
+from sapiens2.tasks.pointmap import TASK as POINTMAP
+from sapiens2.tasks.pointmap import PointmapResult
+
+[ENTRY] = POINTMAP.on_demand
 
 
 def result(h: int = 37, w: int = 53, name: str = "me") -> PointmapResult:
@@ -38,6 +42,15 @@ def by_name(paths: list[Path]) -> dict[str, Path]:
     return {Path(p).name: Path(p) for p in paths}
 
 
+def save_later(res: PointmapResult, folder: Path) -> list[Path]:
+    """As the app saves a run (``serving.present``): the big files left out and their source kept,
+    written side by side."""
+    with ThreadPoolExecutor(3) as pool, Writer(pool) as writer:
+        files = res.save(folder, later=True, writer=writer)
+        on_demand.keep(ENTRY, res, folder, writer)
+    return files
+
+
 BIG = {"me_mesh.glb", "me_mesh.ply", "me_pointcloud.ply"}
 
 
@@ -45,21 +58,21 @@ def test_later_leaves_the_big_files_out_and_making_them_gives_the_same_bytes(tmp
     res = result()
     now = by_name(res.save(tmp_path / "now"))
     later_dir = tmp_path / "later"
-    with ThreadPoolExecutor(3) as pool, deferred_writes(pool):  # as the app writes them
-        later = by_name(res.save(later_dir, later=True))
+    later = by_name(save_later(res, later_dir))
     assert BIG <= set(now)
     assert not BIG & set(later)
     assert set(later) == set(now) - BIG
     for name, path in later.items():  # everything else is as before
         assert path.read_bytes() == now[name].read_bytes(), name
-    assert (later_dir / FULL_SOURCE).is_file() and not (tmp_path / "now" / FULL_SOURCE).exists()
+    source = on_demand.source_path
+    assert source(later_dir, ENTRY).is_file() and not source(tmp_path / "now", ENTRY).exists()
 
-    made = full_resolution_files(later_dir)
+    made = on_demand.make(ENTRY, later_dir)
     assert [p.name for p in made] == ["me_mesh.glb", "me_mesh.ply", "me_pointcloud.ply"]
     for path in made:
         assert path.parent == later_dir
         assert path.read_bytes() == now[path.name].read_bytes(), path.name
-    again = full_resolution_files(later_dir)  # made once: the second call returns the same files
+    again = on_demand.make(ENTRY, later_dir)  # made once: the second call returns the same files
     assert again == made and [p.stat().st_mtime_ns for p in again] == [p.stat().st_mtime_ns for p in made]
     assert not list(later_dir.glob(".making-*"))
 
@@ -67,12 +80,12 @@ def test_later_leaves_the_big_files_out_and_making_them_gives_the_same_bytes(tmp
 def test_two_requests_at_once_both_get_whole_files(tmp_path: Path) -> None:
     res = result(120, 160)
     reference = by_name(res.save(tmp_path / "ref"))
-    res.save(tmp_path / "r", later=True)
+    save_later(res, tmp_path / "r")
     barrier, out = threading.Barrier(2), []
 
     def make() -> None:
         barrier.wait()
-        out.append(full_resolution_files(tmp_path / "r"))
+        out.append(on_demand.make(ENTRY, tmp_path / "r"))
 
     threads = [threading.Thread(target=make) for _ in range(2)]
     for t in threads:
@@ -87,18 +100,18 @@ def test_two_requests_at_once_both_get_whole_files(tmp_path: Path) -> None:
 
 def test_a_folder_without_a_pointmap_result_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ResultNotFoundError, match="Run pointmap on the photo first"):
-        full_resolution_files(tmp_path)
-    (tmp_path / FULL_SOURCE).parent.mkdir()
-    (tmp_path / FULL_SOURCE).write_bytes(b"not an npz")
+        on_demand.make(ENTRY, tmp_path)
+    kept = on_demand.source_path(tmp_path, ENTRY)
+    kept.parent.mkdir()
+    kept.write_bytes(b"not an npz")
     with pytest.raises(ResultNotFoundError):
-        full_resolution_files(tmp_path)
+        on_demand.make(ENTRY, tmp_path)
 
 
 def test_the_pointmap_task_declares_its_full_resolution_files_on_demand() -> None:
-    task, entry = registry.on_demand("pointmap_mesh")
-    assert task.name == "pointmap" and entry.make is full_resolution_files
-    with pytest.raises(Exception, match="No task makes"):
-        registry.on_demand("../../etc/passwd")
+    assert ENTRY.api_name == "pointmap_mesh" and ENTRY.make is make_full_resolution
+    others = [t.name for t in registry.declared().values() if t.on_demand and t is not POINTMAP]
+    assert others == []  # the endpoint is made per entry: no name to look up
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ OVERRIDES = {"pointmap": {"image_size": (256, 192)}}
 
 def _pairs(task: str, ref_out, ours_out) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """(name, reference tensor, our tensor) for every output of ``task``."""
-    if task == "pretrain":
+    if task == "features":
         b, d, h, w = ours_out.patch_features.shape
         ref_patches = ref_out.last_hidden_state[:, 9:].transpose(1, 2).reshape(b, d, h, w)
         return [
@@ -83,7 +83,7 @@ def test_parity_with_transformers_fp32_rope(task: str, parity_models) -> None:
         assert diff <= 1e-4, f"{task}/{name}: max abs diff {diff:.2e}"
 
 
-@pytest.mark.parametrize("task", ["pose", "pretrain"])
+@pytest.mark.parametrize("task", ["pose", "features"])
 def test_release_bf16_rope_stays_close(task: str, parity_models) -> None:
     ref, folder = parity_models[task]
     ours = sapiens2.load_model(task, checkpoint=folder, device="cpu")  # rope_dtype=None: release
@@ -160,14 +160,14 @@ def test_arch_read_from_shapes(parity_models) -> None:
 
 @pytest.mark.parametrize("size", list(ARCHS))
 def test_zoo_sizes_are_recognised_from_shapes(size: str, tmp_path: Path) -> None:
-    shapes = zoo_shapes("pretrain", size)
+    shapes = zoo_shapes("features", size)
     params = sum(math.prod(s) for s in shapes.values())
     assert abs(params / 1e9 - ARCHS[size].params_b) <= 0.01 * ARCHS[size].params_b
     info = sapiens2.describe_checkpoint(write_header_only(tmp_path / "x.safetensors", shapes))
     assert info["size"] == size
     assert info["tokenizer_layers"] == ARCHS[size].tokenizer_layers
     model, arch = build_from_shapes(shapes)  # meta device: no memory
-    assert model.size == size and model.task == "pretrain" and arch.size == size
+    assert model.size == size and model.task == "features" and arch.size == size
 
 
 @pytest.mark.parametrize("task", [t for t in TASK_NAMES if sapiens2.TASKS[t].head])
@@ -178,8 +178,8 @@ def test_release_heads_are_recognised(task: str) -> None:
 
 
 def test_bad_inputs_raise_clear_errors(parity_models) -> None:
-    _, folder = parity_models["pretrain"]
-    model = sapiens2.load_model("pretrain", checkpoint=folder, device="cpu")
+    _, folder = parity_models["features"]
+    model = sapiens2.load_model("features", checkpoint=folder, device="cpu")
     cases = [
         (torch.zeros(3, 64, 48), "4-D tensor (B, 3, H, W), got shape (3, 64, 48)"),
         (torch.zeros(1, 1, 64, 48), "3 colour channels"),
@@ -235,13 +235,13 @@ def _add_tokenizer(src: Path, dst: Path, layers: int = 2, seed: int = 0) -> Path
 
 @pytest.fixture(scope="module")
 def tiny_4k(parity_models, tmp_path_factory) -> Path:
-    return _add_tokenizer(parity_models["pretrain"][1], tmp_path_factory.mktemp("4k") / "tiny4k.safetensors")
+    return _add_tokenizer(parity_models["features"][1], tmp_path_factory.mktemp("4k") / "tiny4k.safetensors")
 
 
 def test_tokenizer_shapes_and_4k_grid(tiny_4k: Path) -> None:
     info = sapiens2.describe_checkpoint(tiny_4k)
     assert info["tokenizer_layers"] == 2 and info["size"] is None
-    model = sapiens2.load_model("pretrain", checkpoint=tiny_4k, device="cpu")
+    model = sapiens2.load_model("features", checkpoint=tiny_4k, device="cpu")
     assert len(model.tokenizer.blocks) == 2 and model.tokenizer.window == 4
     with torch.inference_mode():
         out = model(torch.zeros(1, 3, 4096, 3072))
@@ -253,7 +253,7 @@ def test_tokenizer_shapes_and_4k_grid(tiny_4k: Path) -> None:
 
 def test_tokenizer_pools_each_window_with_its_cls(tiny_4k: Path) -> None:
     """Window (i, j) of the output equals the blocks run on that window's 16 patches alone."""
-    model = sapiens2.load_model("pretrain", checkpoint=tiny_4k, device="cpu")
+    model = sapiens2.load_model("features", checkpoint=tiny_4k, device="cpu")
     tok = model.tokenizer
     x = torch.randn(1, 8 * 12, 64, generator=torch.Generator().manual_seed(3))  # an 8x12 patch grid
     with torch.inference_mode():

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from sapiens2.errors import OptionError
+from sapiens2.models import cost
+from sapiens2.ops.pose_lift import lift_keypoints
 from sapiens2.tasks import pose_3d, registry
-from sapiens2.tasks.pose_lift import lift_keypoints
 
 H, W, F, CX, CY = 120, 160, 150.0, 80.0, 60.0
 A, B, C = 0.3, -0.2, 2.5  # the person's plane: z = A x + B y + C
@@ -111,9 +112,16 @@ def test_the_option_is_declared_off_and_borrows_the_pointmap() -> None:
     task = registry.get("pose")
     opt = next(o for o in task.options if o.name == "keypoints_3d")
     assert opt.default is False and opt.stage == "infer" and opt.gpu_default is None
-    assert task.borrows == ("pointmap",)
-    assert task.needs({"keypoints_3d": True}) == ("pointmap", "seg") and task.needs({}) == ()
-    assert task.gpu_seconds("0.4b", 1, {"keypoints_3d": True}) > task.gpu_seconds("0.4b", 1, {})
+    pointmap, seg = registry.get("pointmap"), registry.get("seg")
+    assert task.borrows == (pointmap,)
+    assert task.needs({"keypoints_3d": True}) == (pointmap, seg) and task.needs({}) == ()
+    # the two borrowed forwards are in the cost of a photo and of a clip
+    with_3d, plain = task.work({"keypoints_3d": True}), task.work({})
+    assert (with_3d.borrowed, plain.borrowed) == (2, 0)
+    assert cost.photo_seconds("0.4b", with_3d) - cost.photo_seconds("0.4b", plain) == pytest.approx(
+        2 * cost.tflops("0.4b") / cost.SUSTAINED_TFLOPS
+    )
+    assert cost.clip_seconds("0.4b", with_3d, 8, 8, 5) > cost.clip_seconds("0.4b", plain, 8, 8, 5)
     assert [v.kind for v in task.views] == ["json"]  # /pose keeps its outputs (the GLB is a download)
 
 

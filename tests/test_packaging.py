@@ -31,7 +31,7 @@ DISTRIBUTION = {"PIL": "pillow", "cv2": "opencv-python-headless"}
 #: imports allowed outside sapiens2/ui without being a dependency: each is guarded where it is used
 OPTIONAL = {
     "spaces": "sapiens2/zerogpu/entry.py uses it only on ZeroGPU (the app extra installs it)",
-    "triton": "sapiens2/runtime/accel.py compiles with it only on a CUDA build of torch, which ships it",
+    "triton": "sapiens2/models/compile.py compiles with it only on a CUDA build of torch, which ships it",
     "ray": "sapiens2/batch/ray_engine.py imports it only for --engine ray (the ray extra installs it)",
 }
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from sapiens2.outputs import png
 from sapiens2.outputs.export import write_png, write_png_palette
-from sapiens2.outputs.writers import deferred_writes
+from sapiens2.outputs.writers import Writer
 
 
 def chunks(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -101,11 +101,10 @@ def test_the_writers_use_it_and_their_files_decode_exactly(tmp_path: Path, monke
     monkeypatch.setattr(png, "BLOCK_BYTES", 4096)  # many blocks on the shared pool
     rng = np.random.default_rng(9)
     pictures = [rng.integers(0, 256, (300, 200, c), dtype=np.uint8) for c in (3, 4)]
-    with ThreadPoolExecutor(3) as pool, deferred_writes(pool):  # as the app writes them
-        paths = [write_png(tmp_path / f"p{i}.png", p) for i, p in enumerate(pictures)]
-        paths.append(
-            write_png_palette(tmp_path / "ids.png", pictures[0][:, :, 0] % 7, np.eye(7, 3, dtype=np.uint8))
-        )
+    with ThreadPoolExecutor(3) as pool, Writer(pool) as writer:  # as the app writes them
+        paths = [write_png(tmp_path / f"p{i}.png", p, writer=writer) for i, p in enumerate(pictures)]
+        ids, palette = pictures[0][:, :, 0] % 7, np.eye(7, 3, dtype=np.uint8)
+        paths.append(write_png_palette(tmp_path / "ids.png", ids, palette, writer=writer))
     for path, picture in zip(paths, pictures, strict=False):
         assert np.array_equal(decoded(path.read_bytes()), picture)
     with Image.open(paths[-1]) as im:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sapiens2 import serving
-from sapiens2.runtime.accel import openmp_function
+from sapiens2.runtime.threads import openmp_function
 
 ROOT = Path(__file__).resolve().parents[1]
 LINUX = sys.platform.startswith("linux")

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
+from registry_helpers import unregister
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,13 +78,11 @@ class InvertPipeline:
 TOY = registry.Task(
     spec=TaskSpec("invert", ("tiny",), None, "tiny", "tiny"),
     pipeline=InvertPipeline,
-    api_name="invert",
     tab="Invert",
     button="Run invert",
     summary="Invert: the photo's negative.",
     result_label="Invert",
     downloads="Downloads (PNG)",
-    gpu_seconds=lambda size, pixels, opts: 0.1,
     options=(
         Option(
             "strength", "float", 1.0, "render", "Strength", "how much to invert", low=0.0, high=1.0, step=0.1
@@ -98,7 +97,7 @@ def toy() -> Iterator[registry.Task]:
     try:
         yield TOY
     finally:
-        registry.unregister(TOY.name)
+        unregister(TOY)
     assert "invert" not in registry.all_tasks() and "invert" not in ZOO
 
 
@@ -114,15 +113,14 @@ def photo() -> np.ndarray:
 def test_builtin_tasks_are_declared_in_the_zoo_order_and_shown_when_their_weights_can_be_had(
     monkeypatch, tmp_path
 ) -> None:
-    monkeypatch.delenv(registry.TASK_CHECKPOINTS_ENV, raising=False)
     monkeypatch.setenv("SAPIENS2_CHECKPOINTS", str(tmp_path))  # an empty local root
     declared = registry.declared()
     assert list(declared) == [name for name in ZOO if name in declared]  # tab order = zoo rows
     assert set(declared) == set(ZOO)  # every zoo row has its module, every module its row
     shown = registry.all_tasks()
     assert list(shown) == [n for n, t in declared.items() if t.spec.on_hub]
-    assert registry.get("features") is registry.get("pretrain")
-    names = ", ".join(t.api_name for t in shown.values())
+    assert registry.get("features").spec.release == "pretrain"  # one name; the release's files keep theirs
+    names = ", ".join(shown)
     with pytest.raises(OptionError, match=f"choose one of: {names}"):
         registry.get("depth")
 
@@ -135,7 +133,7 @@ def test_each_task_module_is_found_and_the_model_layer_reads_the_zoo_rows() -> N
 
     for task in registry.declared().values():
         assert task.pipeline.__module__.rsplit(".", 1)[1] in registry.builtin_modules()
-        assert tasks_pkg.pipeline_class(task.name) is task.pipeline is tasks_pkg.pipeline_class(task.api_name)
+        assert tasks_pkg.pipeline_class(task.name) is task.pipeline
         assert getattr(sapiens2, task.pipeline.__name__) is task.pipeline  # public name, derived
         assert issubclass(outputs.output_type(task.spec.output), outputs.TaskOutput)
         if task.spec.head is not None:

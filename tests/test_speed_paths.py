@@ -12,10 +12,13 @@ import pytest
 import torch
 
 from sapiens2.inputs import network as network_input
+from sapiens2.models import compile as compiling
 from sapiens2.models.loading import load_model
-from sapiens2.runtime import accel, cpus
-from sapiens2.tasks import pipeline_class, pose_crops
-from sapiens2.tasks.pose_codec import decode_heatmaps
+from sapiens2.ops import pose_crops
+from sapiens2.ops.pose_codec import decode_heatmaps
+from sapiens2.runtime import cpus
+from sapiens2.runtime import threads as cpu_threads
+from sapiens2.tasks import pipeline_class
 
 SMALL = (128, 96)  # network input for the tiny models (pointmap keeps 1024x768: its scale branch)
 H, W = 50, 70
@@ -50,7 +53,7 @@ EXPECTED = {
     "normal": [("normals", (H, W, 3))],
     "pointmap": [("pointmap", (H, W, 3)), ("depth", (H, W))],
     "matting": [("foreground", (H, W, 3)), ("alpha", (H, W))],
-    "pretrain": [("embedding", (64,)), ("patch_features", (64, SMALL[0] // 16, SMALL[1] // 16))],
+    "features": [("embedding", (64,)), ("patch_features", (64, SMALL[0] // 16, SMALL[1] // 16))],
 }
 
 
@@ -108,7 +111,7 @@ class _Uploads:
         monkeypatch.setattr(network_input, "normalize", normalize)
 
 
-@pytest.mark.parametrize("task", ["seg", "normal", "matting", "pretrain"])
+@pytest.mark.parametrize("task", ["seg", "normal", "matting", "features"])
 def test_resize_tasks_upload_uint8(tiny_checkpoints, task: str, monkeypatch) -> None:
     pipe = make_pipe(task, tiny_checkpoints[task])
     spy = _Uploads(monkeypatch)
@@ -191,8 +194,8 @@ def test_pose_decoding_bf16_heatmaps_match_fp32() -> None:
 @pytest.fixture
 def fresh_threads(monkeypatch):
     before = torch.get_num_threads()
-    monkeypatch.setattr(accel, "_threads_done", False)
-    for name in accel._THREAD_ENV:
+    monkeypatch.setattr(cpu_threads, "_threads_done", False)
+    for name in cpu_threads._THREAD_ENV:
         monkeypatch.delenv(name, raising=False)
     yield
     torch.set_num_threads(before)
@@ -200,21 +203,21 @@ def fresh_threads(monkeypatch):
 
 def test_threads_capped_at_available_cpus(fresh_threads, monkeypatch) -> None:
     torch.set_num_threads(2)
-    monkeypatch.setattr(accel, "available_cpus", lambda: 1)
-    assert accel.configure_cpu_threads() == 1
+    monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 1)
+    assert cpu_threads.configure_cpu_threads() == 1
     torch.set_num_threads(2)
-    assert accel.configure_cpu_threads() == 2  # once per process: a later choice is kept
+    assert cpu_threads.configure_cpu_threads() == 2  # once per process: a later choice is kept
 
 
 def test_threads_never_raised_and_env_respected(fresh_threads, monkeypatch) -> None:
     torch.set_num_threads(1)
-    monkeypatch.setattr(accel, "available_cpus", lambda: 8)
-    assert accel.configure_cpu_threads() == 1
-    monkeypatch.setattr(accel, "_threads_done", False)
-    monkeypatch.setattr(accel, "available_cpus", lambda: 1)
+    monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 8)
+    assert cpu_threads.configure_cpu_threads() == 1
+    monkeypatch.setattr(cpu_threads, "_threads_done", False)
+    monkeypatch.setattr(cpu_threads, "available_cpus", lambda: 1)
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     torch.set_num_threads(2)
-    assert accel.configure_cpu_threads() == 2
+    assert cpu_threads.configure_cpu_threads() == 2
 
 
 def test_cgroup_quota(tmp_path) -> None:
@@ -230,7 +233,7 @@ def test_cgroup_quota(tmp_path) -> None:
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1")
     assert cpus._cgroup_cpu_limit(tmp_path) is None
     assert cpus._cgroup_cpu_limit(tmp_path / "missing") is None
-    assert accel.available_cpus() >= 1
+    assert cpus.available_cpus() >= 1
 
 
 # ----------------------------------------------------------------------------- compile helpers
@@ -239,23 +242,23 @@ def test_cgroup_quota(tmp_path) -> None:
 def test_torch_compile_is_a_reported_no_op_on_cpu(tiny_checkpoints, monkeypatch) -> None:
     monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
     model = load_model("seg", checkpoint=tiny_checkpoints["seg"], device="cpu")
-    report = accel.compile_model(model)
+    report = compiling.compile_model(model)
     assert not report.applied and report.seconds == 0.0
     assert report.reason == "used only for a CUDA GPU; this model is on cpu"
     assert report.line() == "torch.compile: off (used only for a CUDA GPU; this model is on cpu)"
     assert model._compiled_call_impl is None
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    assert accel.torch_compile_support("cuda").startswith("ZeroGPU does not support torch.compile")
+    assert compiling.torch_compile_support("cuda").startswith("ZeroGPU does not support torch.compile")
 
 
 def test_forced_compile_traces_and_matches_eager(tiny_checkpoints) -> None:
     """Dynamo can trace the model (what torch.compile on a GPU needs); the eager backend keeps
     the arithmetic, so outputs equal the eager model's, for two batch sizes."""
     model = load_model("pose", checkpoint=tiny_checkpoints["pose"], device="cpu")
-    xs = [accel.example_input(model, b, SMALL) for b in (1, 3)]
+    xs = [compiling.example_input(model, b, SMALL) for b in (1, 3)]
     with torch.inference_mode():
         want = [model(x).heatmaps for x in xs]
-    report = accel.compile_model(model, xs, backend="eager", force=True)
+    report = compiling.compile_model(model, xs, backend="eager", force=True)
     assert report.applied and report.seconds > 0, report
     with torch.inference_mode():
         got = [model(x).heatmaps for x in xs]
@@ -265,7 +268,7 @@ def test_forced_compile_traces_and_matches_eager(tiny_checkpoints) -> None:
 
 def test_failed_compile_is_undone_and_reported(tiny_checkpoints) -> None:
     model = load_model("seg", checkpoint=tiny_checkpoints["seg"], device="cpu")
-    report = accel.compile_model(model, [torch.zeros(1, 3, 100, 100)], backend="eager", force=True)
+    report = compiling.compile_model(model, [torch.zeros(1, 3, 100, 100)], backend="eager", force=True)
     assert not report.applied
     assert report.reason.startswith("failed, eager kept: ") and "multiples of 16" in report.reason
     assert model._compiled_call_impl is None

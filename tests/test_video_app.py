@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
+from registry_helpers import task as T
 from video_clips import count_frames, write_clip
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,21 +31,21 @@ from sapiens2 import serving  # noqa: E402
 from sapiens2.cli import main  # noqa: E402
 from sapiens2.cli.tasks import is_clip  # noqa: E402
 from sapiens2.errors import ResidencyError  # noqa: E402
-from sapiens2.serving import video as video_serving  # noqa: E402
-from sapiens2.serving.gpu_time import MAX_CALL_S  # noqa: E402
-from sapiens2.serving.video import CPU_MACS_PER_S, VideoRequests, run_step  # noqa: E402
+from sapiens2.models.cost import CPU_FRAME_OVERHEAD_S, CPU_MACS_PER_S, MAX_CALL_S  # noqa: E402
+from sapiens2.serving.device import Batch, Clip, OneTask  # noqa: E402
+from sapiens2.serving.video import VideoRequests  # noqa: E402
 from sapiens2.ui.inputs import NOT_UPLOADED_CLIP  # noqa: E402
 from sapiens2.ui.video_tab import APP_VIDEO_LIMITS  # noqa: E402
 from sapiens2.video import TrackingOptions  # noqa: E402
 from sapiens2.video.reader import sniff_video  # noqa: E402
-from sapiens2.zerogpu.entry import DAILY_QUOTA_S, gpu_request  # noqa: E402
+from sapiens2.zerogpu.quota import DAILY_QUOTA_S, gpu_request  # noqa: E402
 
 FRAMES, FPS = 6, 10.0  # the uploaded clip; runs use stride 2: 3 frames at 5 fps
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoints, tmp_path_factory) -> Iterator[Server]:
-    with served_app(tiny_checkpoints, tmp_path_factory.mktemp("video_app")) as srv:
+def server(space_checkpoints, tmp_path_factory) -> Iterator[Server]:
+    with served_app(space_checkpoints, tmp_path_factory.mktemp("video_app")) as srv:
         yield srv
 
 
@@ -167,15 +168,15 @@ def test_the_endpoints_are_described_for_api_and_mcp_callers(server: Server) -> 
 
 
 class CountingClips:
-    """A clip device call that records each call and runs it like the app's GPU entry does."""
+    """A device that records each unit it runs and runs it like the app's GPU entry does."""
 
     def __init__(self, manager: serving.ModelManager) -> None:
         self.manager = manager
         self.calls: list[tuple[str, int]] = []  # (task, seconds)
 
-    def __call__(self, task: str, size: str, spec: dict, opts: dict, seconds: int) -> Any:
-        self.calls.append((task, seconds))
-        return video_serving.video_on_device(self.manager, task, size, spec, opts, seconds)
+    def __call__(self, unit: Clip) -> Any:
+        self.calls.append((unit.task.name, unit.seconds))
+        return unit.run(self.manager)
 
 
 @pytest.mark.parametrize("task", ["pose", "seg"])
@@ -185,8 +186,8 @@ def test_one_device_call_per_clip_with_a_duration_that_fits_the_quota(
     clip = write_clip(tmp_path / "c.webm", n=7, fps=FPS)
     manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
     calls = CountingClips(manager)
-    requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "req"), device_video=calls)
-    job = requests.job(task, str(clip), tracking=TrackingOptions(detect_every=2))
+    requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "req"), device=calls)
+    job = requests.job(T(task), str(clip), tracking=TrackingOptions(detect_every=2))
     seen: list[tuple[int, int | None]] = []
     result = requests.run(job, lambda done, planned: seen.append((done, planned)))
     assert result.frames == 7 and seen == [(7, 7)]  # progress per batch (one batch of 8 here)
@@ -203,7 +204,7 @@ def test_a_plan_that_would_not_fit_is_reduced_up_front(tmp_path: Path) -> None:
     manager = serving.ModelManager(device="cpu")
     manager.resident_bytes = lambda: 15_600_000_000  # type: ignore[method-assign]
     requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "r"))
-    job = requests.job("pose", str(clip), "1b")  # on this CPU: no reduction
+    job = requests.job(T("pose"), str(clip), "1b")  # on this CPU: no reduction
     assert job.reduced is None and job.plan.frames == 150
     fitted = requests.fitted(job)
     assert fitted.plan.stride == 2 and fitted.plan.frames == 75 and "Reduced to 75 frames" in fitted.reduced
@@ -219,19 +220,22 @@ def test_a_plan_that_would_not_fit_is_reduced_up_front(tmp_path: Path) -> None:
 def test_the_gpu_step_never_loads(tiny_checkpoints, tmp_path: Path) -> None:
     manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
     with pytest.raises(ResidencyError):
-        run_step(manager, "seg", "0.4b", [], {}, "infer")
-    with pytest.raises(ResidencyError):
-        run_step(manager, "pose", "0.4b", [np.zeros((8, 8, 3), np.uint8)], {}, "detect")
+        list(OneTask(Batch(T("seg"), "0.4b", (), {}), 5).run(manager))
+    clip = Clip(T("pose"), "0.4b", {}, clip=str(write_clip(tmp_path / "c.mp4", n=2, fps=FPS)),
+                out_dir=str(tmp_path / "o"), stride=1, limits=APP_VIDEO_LIMITS, batch=8, render_options={},
+                tracking=TrackingOptions(), budget_s=None, take=None, seconds=5)  # fmt: skip
+    with pytest.raises(ResidencyError):  # a clip's unit, without the server's preparation
+        list(clip.run(manager))
     assert manager.loaded() == []
 
 
 def test_cpu_estimate_before_and_after_a_run(tmp_path: Path) -> None:
     clip = write_clip(tmp_path / "c.mp4", n=8, fps=FPS)
     requests = VideoRequests(serving.ModelManager(device="cpu"), serving.RequestFolders(tmp_path / "r"))
-    job = requests.job("pointmap", str(clip), "0.4b", stride=2)  # pointmap + its seg model: 2 forwards
+    job = requests.job(T("pointmap"), str(clip), "0.4b", stride=2)  # pointmap + its seg model: 2 forwards
     estimate = requests.estimate(job)
     per_forward = 0.398e9 * (1024 // 16) * (768 // 16) / CPU_MACS_PER_S  # about 40 s on the 2-core CPU
-    per_frame = 2 * per_forward + video_serving.CPU_FRAME_OVERHEAD_S  # + heads, render, encode
+    per_frame = 2 * per_forward + CPU_FRAME_OVERHEAD_S  # + heads, render, encode
     assert estimate.frames == 4 and estimate.cpu_s == pytest.approx(4 * per_frame, rel=0.01)
     assert "about 5.8 min" in estimate.line(gpu=False)
     requests._measured[("pointmap", "0.4b")] = 2.5

@@ -113,7 +113,9 @@ def test_gradio_video_component_serves_it_unconverted_and_it_plays(tmp_path: Pat
     assert state["now"] > state["start"], state
 
 
-def test_the_video_tab_plays_its_result_inside_the_app(tiny_checkpoints, tmp_path: Path, monkeypatch) -> None:
+def test_the_video_tab_plays_its_result_inside_the_app(
+    space_checkpoints, tmp_path: Path, monkeypatch
+) -> None:
     """The whole app (tiny checkpoints): upload a clip in the Video tab, run it, and both videos
     (the frames read and the result) play in their gr.Video players."""
     import sys
@@ -125,7 +127,7 @@ def test_the_video_tab_plays_its_result_inside_the_app(tiny_checkpoints, tmp_pat
     monkeypatch.setenv("GRADIO_EXAMPLES_CACHE", str(tmp_path / "examples"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     clip = write_clip(tmp_path / "walk.mp4", n=6, fps=10.0)
-    manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+    manager = serving.ModelManager(device="cpu", checkpoints=space_checkpoints)
     demo = app.build_demo(manager, folders=serving.RequestFolders(tmp_path / "requests"))
     _, url, _ = app.launch(demo, host="127.0.0.1", prevent_thread_lock=True, quiet=True)
     try:

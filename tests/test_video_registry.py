@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from registry_helpers import unregister
 from test_registry import TOY, InvertPipeline
 from video_clips import count_frames, write_clip
 
@@ -22,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from sapiens2 import serving  # noqa: E402
 from sapiens2.cli import main  # noqa: E402
 from sapiens2.errors import OptionError  # noqa: E402
+from sapiens2.models import cost  # noqa: E402
 from sapiens2.serving.video import VideoRequests  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
 from sapiens2.ui import video_tab  # noqa: E402
@@ -49,25 +51,26 @@ def toy_video() -> Iterator[registry.Task]:
     try:
         yield VIDEO_TOY
     finally:
-        registry.unregister(VIDEO_TOY.name)
+        unregister(VIDEO_TOY)
     assert "invert" not in registry.video_tasks()
 
 
 def test_a_registered_task_with_video_runs_in_video_with_no_other_code(toy_video, tmp_path: Path) -> None:
     clip = write_clip(tmp_path / "c.mp4", n=FRAMES, fps=FPS)
     assert list(registry.video_tasks())[-1] == "invert"  # after the built-ins
-    assert ("Invert", "invert") in video_tab.task_choices()
-    assert video_tab._task_name("Invert") == "invert"  # the radio's label, as the UI sends it
-    assert video_tab.default_task() == video_tab.task_choices()[0][1]  # the first, not a name
+    shown = registry.video_tasks()
+    assert ("Invert", "invert") in video_tab.task_choices(shown)
+    assert video_tab._task_name("Invert", shown) == "invert"  # the radio's label, as the UI sends it
+    assert video_tab.default_task(shown) == video_tab.task_choices(shown)[0][1]  # the first, not a name
 
     manager = serving.ModelManager(device="cpu")
     requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "req"))
-    job = requests.job("invert", str(clip), options={"strength": 0.5})
+    job = requests.job(registry.get("invert"), str(clip), options={"strength": 0.5})
     assert job.frames == FRAMES and job.render_opts == {"strength": 0.5}
     estimate = requests.estimate(job)  # a model of no published size: no CPU figure, no crash
     assert estimate.frames == FRAMES and estimate.calls == 1 and estimate.cpu_s is None
     assert "measured rate" in estimate.basis
-    assert 1 <= requests.clip_seconds(job) <= serving.gpu_time.MAX_CALL_S
+    assert 1 <= requests.clip_seconds(job) <= cost.MAX_CALL_S
 
     result = requests.run(job)
     assert result.task == "invert" and result.frames == FRAMES
@@ -90,12 +93,12 @@ def test_a_registered_task_with_video_runs_in_video_with_no_other_code(toy_video
 def test_a_task_without_video_is_refused_by_video(toy, tmp_path: Path) -> None:
     clip = write_clip(tmp_path / "c.mp4", n=2, fps=FPS)
     requests = VideoRequests(serving.ModelManager(device="cpu"), serving.RequestFolders(tmp_path / "r"))
-    names = ", ".join(t.api_name for t in registry.video_tasks().values())
-    with pytest.raises(OptionError, match=f"Video runs the tasks {names}; got 'invert'"):
-        requests.job("invert", str(clip))
-    assert "invert" not in registry.video_tasks() and ("Invert", "invert") not in video_tab.task_choices()
+    shown = registry.video_tasks()
+    with pytest.raises(OptionError, match=f"Video runs the tasks {', '.join(shown)}; got 'invert'"):
+        requests.job(registry.get("invert"), str(clip))
+    assert "invert" not in shown and ("Invert", "invert") not in video_tab.task_choices(shown)
     with pytest.raises(OptionError, match="Video runs the tasks"):
-        video_tab._task_name("invert")
+        video_tab._task_name("invert", shown)
 
 
 @pytest.fixture
@@ -104,23 +107,23 @@ def toy() -> Iterator[registry.Task]:  # the toy task without video
     try:
         yield TOY
     finally:
-        registry.unregister(TOY.name)
+        unregister(TOY)
 
 
 def test_albedo_runs_in_video_once_its_checkpoint_is_found(tiny_checkpoints, monkeypatch, tmp_path) -> None:
     path = tiny_checkpoints["albedo"] / "model.safetensors"
-    monkeypatch.delenv(registry.TASK_CHECKPOINTS_ENV, raising=False)
     monkeypatch.setenv("SAPIENS2_CHECKPOINTS", str(tmp_path / "empty"))
     clip = write_clip(tmp_path / "c.mp4", n=3, fps=FPS)
-    manager = serving.ModelManager(device="cpu", checkpoints={"albedo": path, "seg": tiny_checkpoints["seg"]})
-    requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "req"))
     assert "albedo" not in registry.video_tasks()  # no checkpoint: no dead choice
     with pytest.raises(OptionError, match="Video runs the tasks"):
-        video_tab._task_name("albedo")
+        video_tab._task_name("albedo", registry.video_tasks())
 
-    monkeypatch.setenv(registry.TASK_CHECKPOINTS_ENV, f"albedo={path}")
-    assert "albedo" in registry.video_tasks() and ("Albedo", "albedo") in video_tab.task_choices()
-    job = requests.job(video_tab._task_name("Albedo"), str(clip))  # borrows seg for the background
+    manager = serving.ModelManager(device="cpu", checkpoints={"albedo": path, "seg": tiny_checkpoints["seg"]})
+    requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "req"))
+    shown = manager.video_tasks()  # the server's checkpoint shows it
+    assert "albedo" in shown and ("Albedo", "albedo") in video_tab.task_choices(shown)
+    albedo = shown[video_tab._task_name("Albedo", shown)]  # the radio's label, as the UI sends it
+    job = requests.job(albedo, str(clip))  # borrows seg for the background
     assert job.infer_opts["use_segmentation"] is True
     result = requests.run(job)
     assert result.frames == 3 and count_frames(result.video)[0] == 3

@@ -246,7 +246,7 @@ def test_limits_and_options_give_clear_errors_and_leave_no_video(tmp_path: Path)
         plan_video(clip, stride=2, limits=VideoLimits(max_frames=3))
     assert plan_video(clip, stride=3, limits=VideoLimits(max_frames=3)).frames == 3
     with pytest.raises(OptionError, match="tasks"):
-        run_video(FakeDense("pretrain"), clip, tmp_path / "o")
+        run_video(FakeDense("features"), clip, tmp_path / "o")
     with pytest.raises(OptionError, match="batch_size"):
         run_video(FakeDense("seg"), clip, tmp_path / "o", batch_size=0)
     with pytest.raises(OptionError, match="boxes"):

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
+from registry_helpers import task as T
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,8 +51,8 @@ def photo(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoints, tmp_path_factory) -> Iterator[Server]:
-    with served_app(tiny_checkpoints, tmp_path_factory.mktemp("visitor_wait")) as srv:
+def server(space_checkpoints, tmp_path_factory) -> Iterator[Server]:
+    with served_app(space_checkpoints, tmp_path_factory.mktemp("visitor_wait")) as srv:
         yield srv
 
 
@@ -114,7 +115,7 @@ def test_runner_records_every_server_stage_in_order(tiny_checkpoints, tmp_path, 
     manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
     started: list[str] = []
     runner = serving.RequestRunner(manager, serving.RequestFolders(tmp_path), preview_side=512)
-    shown = runner.run("matting", str(photo), stages=Stages(started.append))
+    shown = runner.run(T("matting"), str(photo), stages=Stages(started.append))
     assert list(shown.stages.seconds) == SERVER_STAGES == started
     assert all(s >= 0 for s in shown.stages.seconds.values())
     assert shown.previews is not None and all(p.is_file() for p in shown.previews)

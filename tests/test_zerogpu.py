@@ -1,5 +1,6 @@
-"""sapiens2.zerogpu.entry: duration arithmetic against the quotas, the GPU entry off and on ZeroGPU
-(spaces' own emulation, in child processes), and the proof that weights load and pack there."""
+"""sapiens2.zerogpu: duration arithmetic against the quotas (``quota``), the GPU entry off and on
+ZeroGPU (``entry``; spaces' own emulation, in child processes), and the proof that weights load and
+pack there."""
 
 from __future__ import annotations
 
@@ -15,13 +16,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from zerogpu_emulation import run_scenario
+from registry_helpers import task as T
+from zerogpu_emulation import run_scenario, worker_pids
 
-from sapiens2.errors import CheckpointError, OptionError, ResidencyError
+import sapiens2.zerogpu
+from sapiens2.errors import CheckpointError, GpuUnavailableError, OptionError, ResidencyError
+from sapiens2.models import cost
+from sapiens2.models.checkpoints import CHECKPOINTS_ENV
+from sapiens2.serving.device import Batch, OneTask
 from sapiens2.zerogpu import entry as zerogpu
-from sapiens2.zerogpu.entry import (
+from sapiens2.zerogpu import internals, quota
+from sapiens2.zerogpu.entry import GpuEntry
+from sapiens2.zerogpu.quota import (
     DAILY_QUOTA_S,
-    GpuEntry,
     cache_budget_bytes,
     duration_factor,
     gpu_request,
@@ -41,17 +48,17 @@ def test_duration_factor_is_the_worst_node_of_the_installed_spaces() -> None:
 
 
 def test_duration_factor_fallback_without_spaces(monkeypatch) -> None:
-    monkeypatch.setattr(zerogpu, "_node_configs", lambda: ())
-    assert duration_factor() == zerogpu.FALLBACK_DURATION_FACTOR
+    monkeypatch.setattr(quota, "node_configs", lambda: ())
+    assert duration_factor() == quota.FALLBACK_DURATION_FACTOR
 
 
 def test_gpu_request_rounds_up_and_charges_the_factor() -> None:
     req = gpu_request(12.2, factor=1.5)
     assert (req.duration_s, req.charged_s) == (13, 20)  # spaces floors to whole seconds: round up
-    assert gpu_request(80, factor=1.5).charged_s == 120 and gpu_request(80, factor=1.5).fits_anonymous
+    assert gpu_request(80, factor=1.5).charged_s == 120 and gpu_request(80, factor=1.5).fits("anonymous")
     over = gpu_request(81, factor=1.5)
-    assert over.charged_s == 122 and not over.fits_anonymous and over.fits_free
-    assert not gpu_request(201, factor=1.5).fits_free  # 302 s > a free account's 300 s
+    assert over.charged_s == 122 and not over.fits("anonymous") and over.fits("free")
+    assert not gpu_request(201, factor=1.5).fits("free")  # 302 s > a free account's 300 s
     assert gpu_request(0).duration_s == 1
     xl = gpu_request(45, gpu_size="xlarge", factor=1.5)
     assert (xl.duration_s, xl.charged_s) == (45, 90)  # no factor, twice the quota (Hub docs)
@@ -65,11 +72,12 @@ def test_gpu_request_rejects_bad_estimates(bad) -> None:
 
 
 def test_large_runs_are_announced_on_zerogpu_only(monkeypatch) -> None:
-    assert zerogpu.cost_notice(200, "This run") is None  # not on ZeroGPU: nothing to announce
-    monkeypatch.setattr(zerogpu, "zero_gpu_enabled", lambda: True)
-    monkeypatch.setattr(zerogpu, "duration_factor", lambda: 1.5)
-    assert zerogpu.cost_notice(10, "This run") is None  # 15 s charged: not worth a word
-    text = zerogpu.cost_notice(60, "Pose 5b")
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    assert quota.cost_notice(200, "This run") is None  # not on ZeroGPU: nothing to announce
+    monkeypatch.setattr(sapiens2.zerogpu, "zero_gpu_enabled", lambda: True)
+    monkeypatch.setattr(quota, "duration_factor", lambda: 1.5)
+    assert quota.cost_notice(10, "This run") is None  # 15 s charged: not worth a word
+    text = quota.cost_notice(60, "Pose 5b")
     assert (
         text.startswith("Pose 5b reserves up to 90 s of ZeroGPU time") and "120 s without an account" in text
     )
@@ -77,7 +85,7 @@ def test_large_runs_are_announced_on_zerogpu_only(monkeypatch) -> None:
 
 def _packed_at_launch() -> int:
     """bf16 bytes of what the Space preloads (each task's default size on a GPU, borrowed models
-    included once) plus DETR, counted as ``serving.gpu_time`` counts weights."""
+    included once) plus DETR, counted as ``models.cost`` counts weights."""
     from sapiens2.models.zoo import ARCHS
     from sapiens2.tasks import registry
 
@@ -96,7 +104,7 @@ def _call_estimates(pixels: int):
     """(task, size, options, images, unclamped seconds of one GPU call) for every task and size,
     default and heaviest options, on photos of ``pixels``, with the Space's launch set resident
     besides the request's own models (those of another size than the default)."""
-    from sapiens2.serving.gpu_time import start_seconds, weight_bytes, work_seconds
+    from sapiens2.serving.runner import Job
     from sapiens2.tasks import registry
 
     for task in registry.all_tasks().values():
@@ -104,9 +112,10 @@ def _call_estimates(pixels: int):
         for size, images in itertools.product(task.spec.sizes, counts):
             for options in ({}, _heaviest(task)):
                 opts, _ = task.split(options, gpu=True)
-                own = 0 if size == task.spec.default_size(True) else weight_bytes(task.name, size, opts)
-                seconds = start_seconds(_packed_at_launch() + own)
-                seconds += work_seconds(task.name, size, [pixels] * images, opts)
+                job = Job(task, size, [None] * images, opts, {})
+                own = 0 if size == task.spec.default_size(True) else cost.weight_bytes(job.batch_sizes)
+                seconds = cost.start_seconds(_packed_at_launch() + own)
+                seconds += images * cost.photo_seconds(size, task.work(opts))  # any photo: same input
                 yield task.name, size, options, images, seconds
 
 
@@ -116,29 +125,29 @@ def test_every_call_fits_a_visitor_without_an_account_before_any_cap() -> None:
     The estimate itself is checked, not the capped request."""
     from PIL import Image
 
-    from sapiens2.serving.gpu_time import MAX_CALL_S, clamp
+    from sapiens2.models.cost import MAX_CALL_S, clamp
 
     checked = 0
     for task, size, options, images, seconds in _call_estimates(int(Image.MAX_IMAGE_PIXELS)):
         request = gpu_request(seconds, factor=duration_factor())
-        assert request.fits_anonymous, (task, size, options, images, seconds, request)
+        assert request.fits("anonymous"), (task, size, options, images, seconds, request)
         assert clamp(seconds) >= seconds  # the cap never cuts an estimate short
         checked += 1
     assert checked >= 2 * 23  # 23 (task, size) pairs in the zoo
     # the cap itself is the largest request an anonymous visitor can start on the slowest node
-    assert gpu_request(MAX_CALL_S).fits_anonymous and not gpu_request(MAX_CALL_S + 1).fits_anonymous
+    assert gpu_request(MAX_CALL_S).fits("anonymous") and not gpu_request(MAX_CALL_S + 1).fits("anonymous")
     assert clamp(10_000) == MAX_CALL_S
 
 
 def test_every_5b_run_is_announced_on_the_space_and_default_runs_are_not(monkeypatch) -> None:
-    from sapiens2.serving.gpu_time import clamp
+    from sapiens2.models.cost import clamp
     from sapiens2.tasks import registry
 
-    monkeypatch.setattr(zerogpu, "zero_gpu_enabled", lambda: True)
+    monkeypatch.setattr(sapiens2.zerogpu, "zero_gpu_enabled", lambda: True)
     for task, size, options, images, seconds in _call_estimates(12_000_000):  # a phone photo
         if options or images > 1:
             continue
-        notice = zerogpu.cost_notice(clamp(seconds), f"This {task} {size} run")
+        notice = quota.cost_notice(clamp(seconds), f"This {task} {size} run")
         if size == "5b":
             assert notice is not None and "reserves up to" in notice, (task, seconds)
         elif size == registry.get(task).spec.default_size(True):
@@ -152,7 +161,7 @@ def test_cache_budget_and_model_bytes() -> None:
     lin = torch.nn.Linear(10, 4).to(torch.bfloat16)
     assert model_bytes(lin) == (10 * 4 + 4) * 2
     budget = cache_budget_bytes(pinned_bytes=18_000_000_000, headroom_bytes=8_000_000_000)
-    assert budget == 48 * 10**9 - zerogpu.CUDA_CONTEXT_BYTES - 26_000_000_000
+    assert budget == 48 * 10**9 - quota.CUDA_CONTEXT_BYTES - 26_000_000_000
     assert cache_budget_bytes(60 * 10**9, 0) == 0  # never negative
 
 
@@ -172,7 +181,7 @@ def test_entry_off_zerogpu_is_a_plain_call(monkeypatch) -> None:
     assert entry(2, y=3) == (os.getpid(), threading.get_ident(), 5)
     entry.resident_changed()  # nothing to do off ZeroGPU
     zerogpu.resident_changed()
-    assert entry.generation == 0 and entry.worker_pids() == {}
+    assert entry.generation == 0 and worker_pids(entry) == {}
 
     def fail() -> None:
         raise OptionError("bad option")
@@ -199,13 +208,13 @@ def test_worker_errors_cross_the_boundary_as_objects() -> None:
 def test_only_own_children_are_ended() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        zerogpu._end_workers([os.getppid()])  # not a child of this process: never signalled
-        zerogpu._end_workers([child.pid])
+        internals.end_workers([os.getppid()])  # not a child of this process: never signalled
+        internals.end_workers([child.pid])
         assert child.wait(timeout=10) == -15  # SIGTERM
     finally:
         child.kill()
         child.wait()
-    zerogpu._end_workers([child.pid])  # gone: nothing happens
+    internals.end_workers([child.pid])  # gone: nothing happens
 
 
 def test_a_worker_refuses_to_load(monkeypatch, tiny_checkpoints) -> None:
@@ -236,10 +245,10 @@ def test_the_cache_reports_every_change_of_what_is_resident(monkeypatch) -> None
     calls: list[bool] = []
     manager = ModelManager(device="cpu", max_models=1, factory=lambda task, size, **kw: _Stub())
     manager.on_change = lambda: calls.append(manager._guard.locked())
-    manager.get("seg", "0.4b")
-    manager.get("seg", "0.4b")  # a hit: nothing changed
+    manager.get(T("seg"), "0.4b")
+    manager.get(T("seg"), "0.4b")  # a hit: nothing changed
     assert calls == [True]
-    manager.get("seg", "1b")  # load + eviction of 0.4b: one report, after both
+    manager.get(T("seg"), "1b")  # load + eviction of 0.4b: one report, after both
     assert calls == [True, True] and manager.loaded() == [("seg", "1b")]
     assert manager.trim(keep=0) == [("seg", "1b")] and len(calls) == 3
     manager.trim(keep=0)  # nothing dropped: nothing to report
@@ -247,10 +256,8 @@ def test_the_cache_reports_every_change_of_what_is_resident(monkeypatch) -> None
     assert calls == [True] * 4
     warmed = iter([True, False])  # the detector loads once, then is already there
     pose = dataclasses.replace(registry.get("pose"), warm=lambda device: next(warmed))
-    real_get = registry.get
-    monkeypatch.setattr(registry, "get", lambda name: pose if name == "pose" else real_get(name))
-    manager.prepare("pose")  # pose model load + detector load: two reports
-    manager.prepare("pose")  # both resident: none
+    manager.prepare(pose)  # pose model load + detector load: two reports
+    manager.prepare(pose)  # both resident: none
     assert calls == [True] * 6
 
 
@@ -262,26 +269,27 @@ def test_app_managers_report_changes_to_the_gpu_entry(monkeypatch, tiny_checkpoi
     from sapiens2.tasks import registry
 
     monkeypatch.delenv("SPACE_ID", raising=False)
-    # manager_from_args exports the specs to the environment (albedo shows only with one): keep
-    # that inside this test, or every later test in the session sees albedo among the tasks
-    monkeypatch.setenv(registry.TASK_CHECKPOINTS_ENV, "")  # (setenv: restored, even when unset before)
+    monkeypatch.delenv(CHECKPOINTS_ENV, raising=False)
     specs = [f"{task}={path}" for task, path in tiny_checkpoints.items()]
     args = app.parse_args([x for spec in specs for x in ("--checkpoint", spec)] + ["--device", "cpu"])
-    assert app.manager_from_args(args).on_change is zerogpu.resident_changed
+    plain = app.manager_from_args(args)
+    assert plain.on_change is zerogpu.resident_changed
+    assert CHECKPOINTS_ENV not in os.environ  # the checkpoints are passed down, never exported
+    assert "albedo" in plain.tasks() and "albedo" not in registry.all_tasks()  # shown by its checkpoint
     monkeypatch.setattr(app, "ZERO_GPU", True)
     manager = app.manager_from_args(args)
     assert manager.on_change is zerogpu.resident_changed
-    assert manager.max_bytes == cache_budget_bytes(0, zerogpu.ACTIVATION_HEADROOM_BYTES)
+    assert manager.max_bytes == cache_budget_bytes(0, quota.ACTIVATION_HEADROOM_BYTES)
     assert manager.loads == len(tiny_checkpoints)  # every task preloaded (and pinned) before launch
     assert manager.trim(keep=0) == []
     from sapiens2.ui import gpu
 
     assert isinstance(gpu.run_on_gpu, GpuEntry)  # the one GPU entry every task's device call uses
-    calls: list[tuple] = []
-    monkeypatch.setattr(gpu.run_on_gpu, "fn", lambda *args: calls.append(args[1:3]) or iter([[]]))
+    calls: list[OneTask] = []
+    monkeypatch.setattr(gpu.run_on_gpu, "fn", lambda cache, unit: calls.append(unit) or iter([[]]))
     for task in ("seg", "features"):
-        gpu.device_call(manager)(task, "1b", [], {}, 5)
-    assert calls == [("seg", "1b"), ("features", "1b")]
+        list(gpu.gpu_device(manager)(OneTask(Batch(T(task), "1b", (), {}), 5)))
+    assert [(u.what, u.batch.size, u.seconds) for u in calls] == [("seg", "1b", 5), ("features", "1b", 5)]
 
 
 # ----------------------------------------------------------------------------- under spaces' emulation
@@ -303,7 +311,7 @@ def test_real_shape_checkpoint_preloads_and_packs_under_zerogpu(tmp_path: Path) 
 
 
 def test_gpu_entry_residency_under_zerogpu(tmp_path: Path, tiny_checkpoints) -> None:
-    a = tiny_checkpoints["pretrain"] / "model.safetensors"
+    a = tiny_checkpoints["features"] / "model.safetensors"
     b = tmp_path / "b.safetensors"
     b.write_bytes(a.read_bytes())
     out = run_scenario("residency", tmp_path, str(a), str(b))
@@ -331,7 +339,7 @@ def test_through_the_app_a_gpu_call_never_loads_under_zerogpu(tmp_path: Path, ti
     the server loaded the model, and after it dropped it, the worker refuses (ResidencyError from
     the worker, not a load); a request loads in its handler thread on emulated CUDA, and its GPU
     call runs in a fresh worker holding the same weights."""
-    out = run_scenario("app", tmp_path, str(tiny_checkpoints["pretrain"]))
+    out = run_scenario("app", tmp_path, str(tiny_checkpoints["features"]))
     server = out["server_pid"]
     assert out["one_entry"] and out["device"] == "cuda"
     before = out["before"]
@@ -360,7 +368,7 @@ def _pin(path: Path, name: str) -> str:
 def test_torch_pin_is_on_the_zerogpu_list_and_shared_with_ci() -> None:
     root = Path(__file__).resolve().parent.parent
     pin = _pin(root / "requirements.txt", "torch")
-    assert pin in zerogpu.SUPPORTED_TORCH
+    assert pin in quota.SUPPORTED_TORCH
     assert _pin(root / ".ci" / "constraints.txt", "torch") == pin
     assert torch.__version__.split("+")[0] == pin  # the tests run on the version the Space gets
 
@@ -384,7 +392,7 @@ def test_space_front_matter_matches_the_code_and_zerogpus_lists() -> None:
 
     meta = _front_matter()
     assert meta.get("preload_from_hub") == hub_cache.preload_from_hub()
-    assert str(meta.get("python_version")) in zerogpu.SUPPORTED_PYTHON
+    assert str(meta.get("python_version")) in quota.SUPPORTED_PYTHON
     lines = (Path(__file__).resolve().parents[1] / "requirements.txt").read_text().splitlines()
     reqs = [Requirement(x.split("#")[0]) for x in lines if x.split("#")[0].strip()]
     gradio = next(r for r in reqs if r.name == "gradio")
@@ -397,29 +405,25 @@ def test_space_front_matter_matches_the_code_and_zerogpus_lists() -> None:
 
 
 def test_one_reservation_function_and_its_estimates() -> None:
-    """Every GPU call asks serving.gpu_time.reservation: start (CUDA + moving the resident set)
+    """Every GPU call asks models.cost.reservation: start (CUDA + moving the resident set)
     plus work, rounded up and capped; the three estimates are module constants there."""
-    from sapiens2.serving import gpu_time
-    from sapiens2.tasks import registry
-
-    start = gpu_time.CUDA_INIT_S + 15_600_000_000 / gpu_time.MOVE_BYTES_PER_S
-    assert gpu_time.reservation(10.2, 15_600_000_000) == math.ceil(start + 10.2)
-    assert gpu_time.reservation(0, 0) == gpu_time.MIN_CALL_S
-    assert gpu_time.reservation(1e6, 0) == gpu_time.MAX_CALL_S == 80
+    start = cost.CUDA_INIT_S + 15_600_000_000 / cost.MOVE_BYTES_PER_S
+    assert cost.reservation(10.2, 15_600_000_000) == math.ceil(start + 10.2)
+    assert cost.reservation(0, 0) == cost.MIN_CALL_S
+    assert cost.reservation(1e6, 0) == cost.MAX_CALL_S == 80
     arch_tflops = 4.715  # 1b at 1024x768 (zoo.ARCHS)
-    assert registry.forward_seconds("1b", 2) == pytest.approx(
-        0.5 + 2 * arch_tflops / gpu_time.SUSTAINED_TFLOPS
-    )
+    assert cost.forward_seconds("1b", 2) == pytest.approx(0.5 + 2 * arch_tflops / cost.SUSTAINED_TFLOPS)
     root = Path(__file__).resolve().parents[1] / "sapiens2"
-    copies = [p for p in root.rglob("*.py") if "start_seconds(" in p.read_text() and p.name != "gpu_time.py"]
+    copies = [p for p in root.rglob("*.py") if "start_seconds(" in p.read_text() and p.name != "cost.py"]
     assert [p.name for p in copies] in ([], ["video.py"])  # video.py: the budget left after the start only
 
 
 def test_zoo_names_the_1b_4k_pretrain_file_as_the_release_does() -> None:
     from sapiens2.models.zoo import get_task
 
-    assert get_task("pretrain").filename("1b-4k") == "sapiens2_1b_4k_pretrain.safetensors"
-    assert get_task("pretrain").repo_id("1b-4k") == "facebook/sapiens2-pretrain-1b-4k"
+    assert get_task("features").filename("1b-4k") == "sapiens2_1b_4k_pretrain.safetensors"
+    assert get_task("features").repo_id("1b-4k") == "facebook/sapiens2-pretrain-1b-4k"
+    assert get_task("features").local_path("0.4b") == "pretrain/sapiens2_0.4b_pretrain.safetensors"
     assert get_task("pose").filename("0.4b") == "sapiens2_0.4b_pose.safetensors"
 
 
@@ -428,12 +432,12 @@ def test_spaces_refusals_become_package_errors_with_the_seconds() -> None:
 
     err = gr.Error("You have exceeded your ZeroGPU quota (72s requested vs. 40s left). Try again in 0:10:00. ",
                    title="ZeroGPU quota exceeded")  # fmt: skip
-    with pytest.raises(zerogpu.GpuUnavailableError) as caught:
+    with pytest.raises(GpuUnavailableError) as caught:
         zerogpu._spaces_call(lambda: (_ for _ in ()).throw(err))
     got = caught.value
     assert (got.requested_s, got.left_s, got.wait, got.quota) == (72, 40, "0:10:00", True)
     assert "72 s requested vs. 40 s left" in str(got) and "Log in" in str(got) and "in 0:10:00" in str(got)
-    aborted = zerogpu.gpu_unavailable("ZeroGPU worker error", "GPU task aborted")
+    aborted = quota.gpu_unavailable("ZeroGPU worker error", "GPU task aborted")
     assert not aborted.quota and "GPU task aborted" in str(aborted)
     with pytest.raises(ValueError):  # anything else passes through unchanged
         zerogpu._spaces_call(lambda: (_ for _ in ()).throw(ValueError("x")))
@@ -443,9 +447,9 @@ def test_spaces_refusals_become_package_errors_with_the_seconds() -> None:
 
 
 @pytest.fixture(scope="module")
-def quota_checkpoints(tiny_checkpoints, tmp_path_factory) -> Path:
+def quota_checkpoints(space_checkpoints, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("quota") / "checkpoints.json"
-    path.write_text(json.dumps({t: str(p) for t, p in tiny_checkpoints.items()}))
+    path.write_text(json.dumps({t: str(p) for t, p in space_checkpoints.items()}))
     return path
 
 
@@ -530,21 +534,19 @@ def test_all_tasks_keeps_the_tasks_done_when_the_gpu_fails_partway(tiny_checkpoi
     import numpy as np
 
     from sapiens2 import serving
-    from sapiens2.errors import GpuUnavailableError
-    from sapiens2.serving.runner import many_on_device
 
     manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
 
-    def aborted_after_two(jobs, seconds):
-        for i, value in many_on_device(manager, jobs):
+    def aborted_after_two(unit):
+        for i, value in unit.run(manager):
             if i == 2:
-                raise zerogpu.gpu_unavailable("ZeroGPU worker error", "GPU task aborted")
+                raise quota.gpu_unavailable("ZeroGPU worker error", "GPU task aborted")
             yield i, value
 
-    requests = serving.RequestRunner(manager, serving.RequestFolders(tmp_path), device_many=aborted_after_two)
+    requests = serving.RequestRunner(manager, serving.RequestFolders(tmp_path), device=aborted_after_two)
     photo = np.zeros((48, 32, 3), np.uint8)
-    shown = requests.run_all(photo, {t: (None, {}) for t in ("seg", "normal", "matting", "pretrain")})
+    shown = requests.run_all(photo, {T(t): (None, {}) for t in ("seg", "normal", "matting", "features")})
     assert all(isinstance(shown[t], serving.Presented) for t in ("seg", "normal"))
-    rest = [shown["matting"], shown["pretrain"]]
+    rest = [shown["matting"], shown["features"]]
     assert all(isinstance(e, GpuUnavailableError) for e in rest) and rest[0] is rest[1]
     assert str(rest[0]).startswith("Not run: Matting, Features.") and "GPU task aborted" in str(rest[0])

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 #: The tasks transformers can build (parity tests run against these).
-TASK_NAMES = ("pose", "seg", "normal", "pointmap", "matting", "pretrain")
+TASK_NAMES = ("pose", "seg", "normal", "pointmap", "matting", "features")
 #: Tasks of the release that transformers lacks: their tiny checkpoint is the tiny normal backbone
 #: plus a reference head written here from the spec, in the release's key names.
 RELEASE_ONLY = ("albedo",)
@@ -75,7 +75,7 @@ TINY_TASKS: dict[str, tuple[str, int | None, dict[str, Any] | None]] = {
         4,
         {**_PIXEL_SHUFFLE, "upsample_out_channels": [16, 8, 4, 4], "conv_out_channels": [4, 4, 4]},
     ),
-    "pretrain": ("Sapiens2Model", None, None),
+    "features": ("Sapiens2Model", None, None),
 }
 
 
@@ -339,7 +339,7 @@ def zoo_shapes(task: str, size: str) -> dict[str, tuple[int, ...]]:
     }
     info = ArchInfo(task, size, backbone, heads.get(task))
     with torch.device("meta"):
-        model = Sapiens2FeatureModel(info) if task == "pretrain" else Sapiens2TaskModel(info)
+        model = Sapiens2FeatureModel(info) if task == "features" else Sapiens2TaskModel(info)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 

@@ -129,7 +129,7 @@ class DeviceApi:
     ``policy``: ``"requested"`` charges the seconds requested when a call is admitted;
     ``"used"`` charges at release what the call used: its work (the seconds requested less the
     fresh-worker start they include) plus, only when the call forked a fresh worker, that start
-    (CUDA and moving ``resident_bytes``, from ``serving.gpu_time``'s estimates), times the node's
+    (CUDA and moving ``resident_bytes``, from ``models.cost``'s estimates), times the node's
     factor. The work is the app's own estimate because the tiny models' CPU time here says
     nothing about a GPU's. ``allow`` runs in the worker (a fork), so
     it marks a fresh worker with a file in ``folder``.
@@ -184,8 +184,8 @@ class DeviceApi:
 
         import httpx
 
-        from sapiens2.serving.gpu_time import start_seconds
-        from sapiens2.zerogpu.entry import duration_factor
+        from sapiens2.models.cost import start_seconds
+        from sapiens2.zerogpu.quota import duration_factor
 
         entry = self._open.pop(allow_token)
         fresh = (self.folder / f"fresh-{allow_token}").exists()
@@ -285,7 +285,7 @@ def scenario_pack(tmp: Path) -> dict[str, Any]:
     from sapiens2.tasks import pipeline
 
     source = _write_real_shape_checkpoint(tmp / "release" / "pretrain-0.1b.safetensors")
-    snap = place_hf_cache(source, tmp / "hf", "pretrain", "0.1b")
+    snap = place_hf_cache(source, tmp / "hf", "features", "0.1b")
     blobs = sorted(str(p) for p in (tmp / "hf").glob("models--*/blobs/*"))
     source.unlink()  # only the cache copy remains
 
@@ -296,7 +296,7 @@ def scenario_pack(tmp: Path) -> dict[str, Any]:
     except Exception as err:
         direct_error = f"{type(err).__name__}: {err}"
 
-    pipe = pipeline("pretrain", "0.1b", device="cuda")
+    pipe = pipeline("features", "0.1b", device="cuda")
     params = list(pipe.model.parameters())
     return {
         "cuda_available": torch.cuda.is_available(),
@@ -320,7 +320,7 @@ def _write_real_shape_checkpoint(path: Path) -> Path:
     gen = torch.Generator().manual_seed(0)
     tensors = {
         k: torch.randn(shape, generator=gen).to(torch.bfloat16)
-        for k, shape in zoo_shapes("pretrain", "0.1b").items()
+        for k, shape in zoo_shapes("features", "0.1b").items()
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path))
@@ -340,7 +340,7 @@ def checksum(name: str) -> tuple[int, float]:
 
     model = RESIDENT.get(name)
     if model is None:
-        model = load_model("pretrain", checkpoint=CHECKPOINTS[name], device="cuda")
+        model = load_model("features", checkpoint=CHECKPOINTS[name], device="cuda")
     with torch.no_grad():
         return os.getpid(), float(sum(p.float().sum() for p in model.parameters()))
 
@@ -371,7 +371,7 @@ def scenario_residency(tmp: Path, checkpoint_a: str, checkpoint_b: str) -> dict[
     out["first"] = _call(entry, "a")  # nothing resident yet: the worker must refuse to load
     out["plain_first"] = plain("a")
     with ThreadPoolExecutor(1) as request_thread:  # Gradio loads in a worker thread, not the main one
-        model = request_thread.submit(load_model, "pretrain", checkpoint=checkpoint_a, device="cuda").result()
+        model = request_thread.submit(load_model, "features", checkpoint=checkpoint_a, device="cuda").result()
     RESIDENT["a"] = model
     out["server_devices"] = sorted({str(p.device) for p in model.parameters()})
     resident_changed()
@@ -380,7 +380,7 @@ def scenario_residency(tmp: Path, checkpoint_a: str, checkpoint_b: str) -> dict[
     out["plain_second"] = plain("a")  # the control reuses its stale worker
     out["missing"] = _call(entry, "b")
     out["first_alive_after"] = _wait_gone(out["first"]["pid"])
-    out["workers"] = {str(k): sorted(v) for k, v in entry.worker_pids().items()}
+    out["workers"] = {str(k): sorted(v) for k, v in worker_pids(entry).items()}
     return out
 
 
@@ -422,12 +422,14 @@ def scenario_app(tmp: Path, checkpoint: str) -> dict[str, Any]:
     install_fake_backend()
     import app
     from sapiens2 import serving
+    from sapiens2.serving.device import Batch, OneTask
+    from sapiens2.tasks import registry
     from sapiens2.ui import gpu
     from sapiens2.ui.handlers import Runner
     from sapiens2.zerogpu import entry as zerogpu
 
     manager = serving.ModelManager(
-        checkpoints={"pretrain": checkpoint},
+        checkpoints={"features": checkpoint},
         factory=lambda task, size, **kw: Probe(task, size, **kw),
         on_change=zerogpu.resident_changed,
     )
@@ -436,25 +438,31 @@ def scenario_app(tmp: Path, checkpoint: str) -> dict[str, Any]:
     entries = list(zerogpu._entries)
     out: dict[str, Any] = {"server_pid": os.getpid(), "device": manager.device}
     out["one_entry"] = len(entries) == 1 and entries[0] is gpu.run_on_gpu
-    call = gpu.device_call(manager)
-    out["before"] = _attempt(lambda: call("pretrain", "0.1b", [(8, 8, 3)], {}, 5))
+    device = gpu.gpu_device(manager)
+    features = registry.get("features")
+
+    def call() -> Any:
+        [raws] = list(device(OneTask(Batch(features, "0.1b", ((8, 8, 3),), {}), 5)))
+        return raws
+
+    out["before"] = _attempt(call)
 
     def request() -> Any:
-        job = runner.requests.job("features", [np.zeros((32, 24, 3), np.uint8)], None, {})
+        job = runner.requests.job(features, [np.zeros((32, 24, 3), np.uint8)], None, {})
         return runner.requests.results(job)[0].raw
 
     with ThreadPoolExecutor(1) as handler_thread:  # Gradio runs handlers in worker threads
         pid, checksum = handler_thread.submit(request).result()
-    params = list(manager.get("pretrain").model.parameters())
+    params = list(manager.get(features).model.parameters())
     tensors = load_file(str(Path(checkpoint) / "model.safetensors")).values()
     out["request"] = {"pid": pid, "checksum": checksum}
     out["expected"] = float(sum(t.to(params[0].dtype).float().sum() for t in tensors))
     out["server_devices"] = sorted({str(p.device) for p in params})
     out["loads"] = manager.loads
     manager.clear()  # the server drops the model: the next worker is forked without it
-    out["after_clear"] = _attempt(lambda: call("pretrain", "0.1b", [(8, 8, 3)], {}, 5))
+    out["after_clear"] = _attempt(call)
     out["loads_after"] = manager.loads
-    out["workers"] = {str(k): sorted(v) for k, v in gpu.run_on_gpu.worker_pids().items()}
+    out["workers"] = {str(k): sorted(v) for k, v in worker_pids(gpu.run_on_gpu).items()}
     return out
 
 
@@ -474,7 +482,6 @@ def scenario_quota(tmp: Path, checkpoints_json: str, policy: str, quota: str, *f
     install_device_api(api)
     import app
     from sapiens2 import serving
-    from sapiens2.tasks import registry
     from sapiens2.ui.handlers import Runner
     from sapiens2.ui.video_tab import VideoEndpoints
     from sapiens2.zerogpu import entry as zerogpu
@@ -494,7 +501,7 @@ def scenario_quota(tmp: Path, checkpoints_json: str, policy: str, quota: str, *f
     def run(flow: str) -> dict[str, Any]:
         as_visitor()
         if flow == "all":
-            jobs = [(name, None, {}) for name in registry.all_tasks()]
+            jobs = [(task, None, {}) for task in manager.tasks().values()]
             shown, status = runner.run_all(photo, jobs)
             done = sorted(t for t, v in shown.items() if not isinstance(v, Exception))
             skipped = {t: str(v) for t, v in shown.items() if isinstance(v, Exception)}
@@ -554,8 +561,14 @@ def _call(entry: Any, name: str) -> dict[str, Any]:
         return {"error": type(err).__name__, "message": str(err), "pid": _last_worker(entry)}
 
 
+def worker_pids(entry: Any) -> dict[int, set[int]]:
+    """Generation -> pids of the workers that ran a GpuEntry's calls and are not ended yet."""
+    with entry._lock:
+        return {n: set(g.pids) for n, g in entry._generations.items()}
+
+
 def _last_worker(entry: Any) -> int | None:
-    pids = [pid for gen in entry.worker_pids().values() for pid in gen]
+    pids = [pid for gen in worker_pids(entry).values() for pid in gen]
     return max(pids) if pids else None
 
 

@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..errors import Sapiens2Error
+from ..errors import OptionError, Sapiens2Error
+from ..models.checkpoints import Checkpoints
 from ..tasks import registry
 from ..tasks.options import Option
 
@@ -97,11 +98,11 @@ def add_video(parser: argparse.ArgumentParser, task: registry.Task) -> None:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """One sub-command per declared task; its flags from the task's options."""
-    shown = registry.all_tasks()
+    shown = registry.all_tasks(_env_checkpoints())
     for task in registry.declared().values():
         # a task without weights here (albedo off the Hub) runs with --checkpoint but is not listed
         listed = {"help": task.summary} if task.name in shown else {}
-        tp = sub.add_parser(task.api_name, description=task.summary, **listed)
+        tp = sub.add_parser(task.name, description=task.summary, **listed)
         add_common(tp)
         if task.video is not None:
             add_video(tp, task)
@@ -109,6 +110,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             add_option(tp, task, opt)
         for switch in task.cli_switches:
             tp.add_argument(switch.flag, action="store_true", help=switch.help)
+
+
+def _env_checkpoints() -> Checkpoints:
+    """``$SAPIENS2_TASK_CHECKPOINTS``, which lists a task that is not on the Hub in the help too
+    (a malformed value lists nothing more: each command takes its own ``--checkpoint``)."""
+    try:
+        return Checkpoints.from_env()
+    except OptionError:
+        return Checkpoints()
 
 
 def is_clip(path: Path) -> bool:
@@ -244,7 +254,7 @@ def run_images(args: argparse.Namespace, task: registry.Task, files: list[Path],
         for path in files:
             try:
                 result = pipe(path, **infer_opts)
-                present(result, out_root / unique_folder(path.stem, taken), **render_opts)
+                present(task, result, out_root / unique_folder(path.stem, taken), **render_opts)
             except Exception as err:  # one bad image (or an out-of-memory) never ends the batch
                 failed += 1
                 _say(bar, f"skipped {path}: {type(err).__name__}: {err}")
@@ -291,7 +301,7 @@ def run_clips(args: argparse.Namespace, task: registry.Task, clips: list[Path]) 
 
         try:
             result = run_video(
-                pipe, path, out_root / unique_folder(path.stem, taken), task=task.name, stride=args.stride,
+                pipe, path, out_root / unique_folder(path.stem, taken), task=task, stride=args.stride,
                 limits=limits, batch_size=args.batch, options=infer_opts,
                 render_options=video_render_options(task, render_opts), tracking=tracking, progress=progress,
             )  # fmt: skip

@@ -29,6 +29,7 @@ from ..errors import CheckpointError, InputImageError, OptionError, WeightsUnava
 from ..models import zoo
 from ..models.nn.detr import DEFAULT_HEADS, Detr, build_detr
 from ..models.weights import ENV_VAR, find_weights, load_tensors
+from ..runtime.devices import canonical_device, default_device
 from ..zerogpu.entry import cuda_emulation
 
 # The DETR image processor's defaults for facebook/detr-resnet-50 (preprocessor_config.json).
@@ -332,10 +333,10 @@ class PersonDetector:
             encoder_heads=int(config.get("encoder_attention_heads", DEFAULT_HEADS)),
             decoder_heads=int(config.get("decoder_attention_heads", DEFAULT_HEADS)),
         ).fuse_frozen_batchnorm()
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = torch.device(device) if device else default_device()
         with cuda_emulation():  # ZeroGPU: from a request thread too, onto the emulated CUDA
             model = model.to(device=device, dtype=dtype or torch.float32)
-        # NHWC convolutions measured ~20% faster on CPU (bench/detector.py); GPU left as is (unmeasured)
+        # NHWC convolutions are faster on CPU (bench/detector.py); the GPU layout is left as it is
         channels_last = device.type == "cpu"
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -387,9 +388,7 @@ DetectorArg = Literal["auto"] | PersonDetector | Callable[[np.ndarray], Any] | N
 def _auto_detector(device: torch.device | str | None = None) -> PersonDetector:
     """The shared default detector on ``device`` (None: CUDA if available, else CPU), one per
     device; a failed load raises and is retried on the next call."""
-    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", 0)  # "cuda" (the manager) and "cuda:0" (a model's) share one
+    dev = canonical_device(device)  # "cuda" (the manager) and "cuda:0" (a model's) share one
     key = str(dev)
     with _AUTO_LOCK:  # held while loading so that concurrent first calls load once
         if key not in _AUTO:
@@ -401,9 +400,7 @@ def warm_detector(device: torch.device | str | None = None) -> bool:
     """Load the shared detector for ``device`` now (e.g. in a server, outside any GPU function).
     True when this call loaded it; False when it was already loaded or its weights are missing
     (pose then uses the whole image, with a notice, and retries on a later request)."""
-    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    key = str(torch.device("cuda", 0) if dev.type == "cuda" and dev.index is None else dev)
-    if key in _AUTO:
+    if str(canonical_device(device)) in _AUTO:
         return False
     try:
         _auto_detector(device)

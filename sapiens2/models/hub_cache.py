@@ -43,9 +43,8 @@ def preload_from_hub() -> list[str]:
 def size_of(repo_id: str) -> str | None:
     """The zoo size of a Sapiens2 checkpoint repo ("facebook/sapiens2-pose-1b" -> "1b"), else None."""
     match = _REPO.match(repo_id)
-    if match is None or match["task"] not in TASKS:
-        return None
-    return match["size"] if match["size"] in TASKS[match["task"]].sizes else None
+    spec = next((t for t in TASKS.values() if match is not None and t.release == match["task"]), None)
+    return match["size"] if spec is not None and match["size"] in spec.sizes else None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..errors import CheckpointError, DeviceError, OptionError, WeightsUnavailableError
+from ..runtime.devices import default_device
 from ..zerogpu.entry import cuda_emulation
 from .nn.backbone import fuse_qkv_in_state
 from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
@@ -70,7 +71,7 @@ def load_model(
     spec = get_task(task)
     if size is not None:
         spec.check_size(size)
-    dev = torch.device(device) if device is not None else _default_device()
+    dev = torch.device(device) if device is not None else default_device()
     dtype = _parse_dtype(dtype, dev)
     if rope_dtype not in (None, torch.float32, torch.bfloat16):
         raise OptionError(
@@ -107,10 +108,6 @@ def describe_checkpoint(path: str | os.PathLike) -> dict[str, object]:
         raise CheckpointError(f"{path}: {err}") from None
 
 
-def _default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def _parse_dtype(dtype: torch.dtype | str | None, dev: torch.device) -> torch.dtype:
     if dtype is None:
         return torch.bfloat16 if dev.type == "cuda" else torch.float32  # bf16: how the models were trained
@@ -132,7 +129,7 @@ def resolve_checkpoint(
     if size is None and checkpoint is None:
         raise OptionError(f"Give a size ({', '.join(spec.sizes)}) or a checkpoint for {task}.")
     if size is None:  # explicit checkpoint, any size: the names below are only used to pick in a folder
-        return find_weights(f"facebook/sapiens2-{spec.name}", (), spec.name, checkpoint)
+        return find_weights(f"facebook/sapiens2-{spec.release}", (), spec.release, checkpoint)
     if not spec.on_hub and checkpoint is None:
         root = local_root()
         if root is None or not (root / spec.local_path(size)).is_file():

@@ -66,21 +66,29 @@ class TaskSpec:
     output: str = "DenseOutput"
     #: the Hub holds its weights; when False the task shows only where a local checkpoint is found
     on_hub: bool = True
+    #: the release's word for the task in repo, file and folder names, when not ``name`` (the
+    #: backbone's checkpoints are "pretrain": ``facebook/sapiens2-pretrain-0.4b``)
+    release_name: str | None = None
+
+    @property
+    def release(self) -> str:
+        """The task's word in the release's repo, file and folder names."""
+        return self.release_name or self.name
 
     def repo_id(self, size: str) -> str:
         self.check_size(size)
-        return f"{HUB_ORG}/sapiens2-{self.name}-{size}"
+        return f"{HUB_ORG}/sapiens2-{self.release}-{size}"
 
     def filename(self, size: str) -> str:
         """The original release file name (the Hub repos also hold ``model.safetensors``)."""
         self.check_size(size)
         # the release writes "1b_4k" in file names ("sapiens2_1b_4k_pretrain.safetensors"); the
         # size keeps its hyphen everywhere else (repo ids, the API)
-        return f"sapiens2_{size.replace('-', '_')}_{self.name}.safetensors"
+        return f"sapiens2_{size.replace('-', '_')}_{self.release}.safetensors"
 
     def local_path(self, size: str) -> str:
         """Relative path under ``$SAPIENS2_CHECKPOINTS`` (the release's folder layout)."""
-        return f"{self.name}/{self.filename(size)}"
+        return f"{self.release}/{self.filename(size)}"
 
     def input_size(self, size: str) -> tuple[int, int]:
         return (4 * INPUT_SIZE[0], 4 * INPUT_SIZE[1]) if size.endswith("-4k") else INPUT_SIZE
@@ -110,12 +118,13 @@ TASKS: dict[str, TaskSpec] = {
         # the release ships albedo; its weights are not on the Hub yet (local checkpoints only)
         TaskSpec("albedo", _SIZES4, "pixel_shuffle", "1b", "0.4b", "conv_albedo", on_hub=False),
         TaskSpec(
-            "pretrain",
+            "features",
             ("0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"),
             None,
             "0.1b",
             "0.1b",
             output="FeaturesOutput",
+            release_name="pretrain",
         ),
     )
 }

@@ -7,9 +7,9 @@ COCO-WholeBody and the keypoint CSV in :mod:`sapiens2.outputs.keypoint_formats`.
 Every writer takes a path and returns the Path it wrote. File names come from ``safe_path``:
 a caller's name is reduced to [A-Za-z0-9_-] so it can never leave the output folder.
 
-Inside :func:`sapiens2.outputs.writers.deferred_writes` every writer checks its
-input and returns at once, and encodes and writes on a thread pool (cv2, zlib and numpy release
-the GIL): a result's files are written side by side instead of one after another.
+Every writer checks its input at once and hands the encoding and writing to its ``writer``
+(:class:`sapiens2.outputs.writers.Writer`): at once by default, or on a thread pool (cv2, zlib and
+numpy release the GIL), so a result's files are written side by side.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from . import plyglb, png
 from .mesh import OPENCV_TO_GLTF
 from .openpose import openpose_people
 from .render import matte_arrays, to_uint8
+from .writers import NOW, Writer
 from .writers import prepare as _prepare
-from .writers import write_or_defer
 
 GLB_MAX_POINTS = 300_000  # a browser viewer stays responsive below this; the PLY keeps every point
 _STEM_MAX = 80
@@ -75,13 +75,11 @@ def safe_path(out_dir: str | Path, name: Any, suffix: str) -> Path:
 # ---------------------------------------------------------------- images and arrays
 
 
-def write_png(path: str | Path, image: Any) -> Path:
+def write_png(path: str | Path, image: Any, *, writer: Writer = NOW) -> Path:
     """PNG of a uint8 (or uint16) gray (H, W), RGB (H, W, 3) or RGBA (H, W, 4) array; bool -> 0/255.
 
     Written fast (:mod:`sapiens2.outputs.png`): zlib level 1, the "sub" row filter only, and the rows
-    deflated in blocks on every CPU. A 12 MP photo on this 2-core machine: 0.19 s, against 0.42 s
-    for OpenCV with the same settings and 1.1 s with its default of trying every filter per row.
-    Inside :func:`deferred_writes` the encoding and the writing run on its pool.
+    deflated in blocks on every CPU (docs/PERFORMANCE.md has the timings).
     """
     arr = np.asarray(image)
     if arr.dtype == bool:
@@ -92,17 +90,16 @@ def write_png(path: str | Path, image: Any) -> Path:
         arr = arr[:, :, 0]
     if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (3, 4))) or 0 in arr.shape:
         raise InputImageError(f"write_png needs an (H, W), (H, W, 3) or (H, W, 4) image, got {arr.shape}.")
-    return write_or_defer(_prepare(path), lambda p: png.write_png_file(p, arr))
+    return writer.write(_prepare(path), lambda p: png.write_png_file(p, arr))
 
 
-def write_png_palette(path: str | Path, ids: Any, palette: Any) -> Path:
+def write_png_palette(path: str | Path, ids: Any, palette: Any, *, writer: Writer = NOW) -> Path:
     """PNG of a palette picture: (H, W) uint8 ids into ``palette`` ((K, 3) uint8 RGB, K <= 256),
     stored as indices (PNG colour type 3), so it decodes to exactly ``palette[ids]``.
 
     For a picture of a few flat colours (a class map) this is the fast way: 1 byte a pixel to
-    compress instead of 3 (a 12 MP class map of 4x4-pixel blocks, this 2-core machine: 0.04-0.05 s
-    against 0.07-0.08 s for write_png of the RGB picture, and a file 44 % smaller). Encoded as
-    write_png encodes (:mod:`sapiens2.outputs.png`).
+    compress instead of 3, and a smaller file. Encoded as write_png encodes
+    (:mod:`sapiens2.outputs.png`).
     """
     arr, pal = np.asarray(ids), np.asarray(palette)
     if arr.dtype != np.uint8 or arr.ndim != 2 or 0 in arr.shape:
@@ -114,12 +111,12 @@ def write_png_palette(path: str | Path, ids: Any, palette: Any) -> Path:
     if int(arr.max()) >= len(pal):
         raise InputImageError(f"Id {int(arr.max())} is outside the {len(pal)}-colour palette.")
 
-    return write_or_defer(_prepare(path), lambda p: png.write_png_file(p, arr, pal))
+    return writer.write(_prepare(path), lambda p: png.write_png_file(p, arr, pal))
 
 
-def write_npy(path: str | Path, array: Any, dtype: Any = None) -> Path:
-    """np.save of the array, cast to dtype if given (finite values clipped to a float dtype's range).
-    Inside :func:`deferred_writes` the cast and the writing run on its pool."""
+def write_npy(path: str | Path, array: Any, dtype: Any = None, *, writer: Writer = NOW) -> Path:
+    """np.save of the array, cast to dtype if given (finite values clipped to a float dtype's range);
+    the cast runs with the writing."""
     arr = np.asarray(array)
     dt = None if dtype is None else np.dtype(dtype)
 
@@ -134,7 +131,7 @@ def write_npy(path: str | Path, array: Any, dtype: Any = None) -> Path:
         with open(p, "wb") as f:
             np.save(f, out, allow_pickle=False)
 
-    return write_or_defer(_prepare(path), save)
+    return writer.write(_prepare(path), save)
 
 
 def jsonable(obj: Any) -> Any:
@@ -156,12 +153,10 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def write_json(path: str | Path, obj: Any) -> Path:
+def write_json(path: str | Path, obj: Any, *, writer: Writer = NOW) -> Path:
     """UTF-8 JSON; NaN/inf become null so every JSON reader accepts the file."""
     text = json.dumps(jsonable(obj), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    p = _prepare(path)
-    p.write_text(text, encoding="utf-8")
-    return p
+    return writer.write(_prepare(path), lambda p: p.write_text(text, encoding="utf-8"))
 
 
 def rgba_cutout(foreground: Any, alpha: Any) -> np.ndarray:
@@ -322,11 +317,11 @@ def _cloud(points: Any, colors: Any) -> tuple[np.ndarray, np.ndarray | None]:
     return pts[keep], None if cols is None else cols[keep]
 
 
-def write_ply(path: str | Path, points: Any, colors: Any = None) -> Path:
+def write_ply(path: str | Path, points: Any, colors: Any = None, *, writer: Writer = NOW) -> Path:
     """Binary little-endian PLY: float x, y, z (+ uchar red, green, blue, alpha = 255);
     non-finite points dropped."""
     pts, cols = _cloud(points, colors)
-    return write_or_defer(_prepare(path), lambda p: plyglb.write_ply(p, pts, cols))
+    return writer.write(_prepare(path), lambda p: plyglb.write_ply(p, pts, cols))
 
 
 def subsample(n: int, max_points: int) -> np.ndarray:
@@ -343,6 +338,7 @@ def write_glb(
     *,
     max_points: int = GLB_MAX_POINTS,
     opencv_to_gltf: bool = True,
+    writer: Writer = NOW,
 ) -> Path:
     """glTF 2.0 binary with one POINTS primitive (POSITION float32, COLOR_0 RGBA uint8
     normalised when colours are given).
@@ -359,4 +355,4 @@ def write_glb(
     if len(idx) < len(pts):
         pts, cols = pts[idx], None if cols is None else cols[idx]
     flip = OPENCV_TO_GLTF if opencv_to_gltf else None
-    return write_or_defer(_prepare(path), lambda p: plyglb.write_glb(p, pts, cols, flip=flip))
+    return writer.write(_prepare(path), lambda p: plyglb.write_glb(p, pts, cols, flip=flip))

@@ -36,8 +36,8 @@ from ..data.metadata import (
     NUM_KEYPOINTS,
     keypoint_index,
 )
+from .writers import NOW, Writer
 from .writers import prepare as _prepare
-from .writers import write_or_defer
 
 Sources = Sequence[tuple[str, float]]
 
@@ -170,7 +170,9 @@ def csv_rows(
             yield [image, *lead, pid, k, KEYPOINT_NAMES[k], _num(x, 2), _num(y, 2), _num(sc[p, k], 4)]
 
 
-def write_csv(path: str | Path, columns: Sequence[str], rows: Iterable[list[Any]]) -> Path:
+def write_csv(
+    path: str | Path, columns: Sequence[str], rows: Iterable[list[Any]], *, writer: Writer = NOW
+) -> Path:
     """A UTF-8 CSV with a header row (the rows are made when it is written)."""
 
     def write(p: Path) -> None:
@@ -179,14 +181,16 @@ def write_csv(path: str | Path, columns: Sequence[str], rows: Iterable[list[Any]
             out.writerow(columns)
             out.writerows(rows)
 
-    return write_or_defer(_prepare(path), write)
+    return writer.write(_prepare(path), write)
 
 
-def write_keypoints_csv(path: str | Path, image: str, keypoints: Any, scores: Any) -> Path:
+def write_keypoints_csv(
+    path: str | Path, image: str, keypoints: Any, scores: Any, *, writer: Writer = NOW
+) -> Path:
     """``<photo>_keypoints.csv``: image, person, keypoint_id, name, x, y, score."""
-    kp = np.array(keypoints, dtype=np.float64)  # a copy: a deferred write must not see later edits
+    kp = np.array(keypoints, dtype=np.float64)  # a copy: a pooled write must not see later edits
     sc = np.array(scores, dtype=np.float64)
-    return write_csv(path, PHOTO_COLUMNS, csv_rows(image, kp, sc))
+    return write_csv(path, PHOTO_COLUMNS, csv_rows(image, kp, sc), writer=writer)
 
 
 __all__ = [

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import InputImageError, OptionError
 from . import plyglb
-from .writers import prepare, write_or_defer
+from .writers import NOW, Writer, prepare
 
 MAX_EDGE_FOOTPRINTS = 10.0
 #: faces of the browser preview: ~100k vertices, a ~4 MB GLB, small enough for the page's WebGL
@@ -201,24 +201,24 @@ def preview_mesh(
 # ---------------------------------------------------------------- files
 
 
-def write_mesh_glb(path: str | Path, mesh: GridMesh, *, opencv_to_gltf: bool = True) -> Path:
+def write_mesh_glb(
+    path: str | Path, mesh: GridMesh, *, opencv_to_gltf: bool = True, writer: Writer = NOW
+) -> Path:
     """glTF 2.0 binary: one TRIANGLES primitive, POSITION float32, COLOR_0 RGBA uint8 normalised,
     uint32 indices. ``opencv_to_gltf``: camera frame -> glTF frame (see :data:`OPENCV_TO_GLTF`).
 
     A mesh with vertices but no face (every triangle cut) is written as a POINTS primitive, since
     a triangle primitive without indices would draw its vertices as triangles."""
     flip = OPENCV_TO_GLTF if opencv_to_gltf else None
-    return write_or_defer(
+    return writer.write(
         prepare(path), lambda p: plyglb.write_glb(p, mesh.vertices, mesh.colors, mesh.faces, flip=flip)
     )
 
 
-def write_mesh_ply(path: str | Path, mesh: GridMesh) -> Path:
+def write_mesh_ply(path: str | Path, mesh: GridMesh, *, writer: Writer = NOW) -> Path:
     """Binary little-endian PLY in the camera frame (as the point-cloud PLY): float x, y, z,
     uchar red, green, blue, alpha per vertex; a face list of vertex indices."""
-    return write_or_defer(
-        prepare(path), lambda p: plyglb.write_ply(p, mesh.vertices, mesh.colors, mesh.faces)
-    )
+    return writer.write(prepare(path), lambda p: plyglb.write_ply(p, mesh.vertices, mesh.colors, mesh.faces))
 
 
 __all__ = [

@@ -1,8 +1,7 @@
 """PNG encoding that uses every CPU: the rows are filtered and deflated in blocks side by side.
 
-A 12 MP picture is 36 MB of RGB; zlib at level 1 takes ~0.3-0.5 s of one core for it (this 2-core
-machine), and the largest picture of a result is the last of its downloads to finish, with the
-other cores idle. Deflate streams can be cut at byte boundaries (``Z_SYNC_FLUSH``), so each block
+A 12 MP picture is 36 MB of RGB, a fraction of a second of one core for zlib even at level 1, and
+the largest picture of a result is the last of its downloads to finish, with the other cores idle. Deflate streams can be cut at byte boundaries (``Z_SYNC_FLUSH``), so each block
 of rows is compressed on its own and the pieces are concatenated into one zlib stream; the
 Adler-32 checksums of the blocks are combined arithmetically. The file is an ordinary PNG
 (one IDAT chunk per block; decoders read the IDATs as one stream).

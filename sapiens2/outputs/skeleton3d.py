@@ -28,6 +28,8 @@ from .gltf_scene import (
 )
 from .mesh import OPENCV_TO_GLTF
 from .plyglb import POINTS_MATERIAL
+from .writers import NOW, Writer
+from .writers import prepare as _prepare
 
 _FINGERS = ("thumb", "forefinger", "middle_finger", "ring_finger", "pinky_finger")
 
@@ -202,7 +204,7 @@ def rgba(colors: np.ndarray) -> np.ndarray:
 
 
 def write_skeleton_cloud_glb(
-    path: str | Path, cloud: np.ndarray, colors: np.ndarray, points: np.ndarray
+    path: str | Path, cloud: np.ndarray, colors: np.ndarray, points: np.ndarray, *, writer: Writer = NOW
 ) -> Path:
     """A GLB of the point cloud ``cloud`` (N, 3) with image ``colors`` and the skeletons of
     ``points`` (P, 308, 3) inside it, in the glTF frame (y up), like the pointmap's GLBs."""
@@ -231,7 +233,7 @@ def write_skeleton_cloud_glb(
             "material": b.material(UNLIT_MATERIAL),
         }
         b.node(root=True, name="skeletons", mesh=b.mesh("skeletons", [prim]))
-    return b.write(path)
+    return writer.write(_prepare(path), b.write)
 
 
 __all__ = [

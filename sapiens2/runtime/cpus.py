@@ -4,7 +4,7 @@ independent pieces (PNG blocks, seg's label rows). No torch here: the file write
 A process that shares its machine under a scheduler (a Ray task or actor given 1 of 16 CPUs) sets
 a CPU budget: :func:`set_cpu_budget`, or ``$SAPIENS2_CPUS`` for a process started with it. The
 budget caps :func:`available_cpus`, so the pools here and torch's thread count
-(``runtime.accel.configure_cpu_threads``) stay within what the scheduler gave; without it, every
+(``runtime.threads.configure_cpu_threads``) stay within what the scheduler gave; without it, every
 such process would start a thread per host CPU."""
 
 from __future__ import annotations

@@ -17,14 +17,16 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from ..errors import OptionError, ResidencyError, Sapiens2Error
+from ..models.checkpoints import Checkpoints
+from ..runtime.devices import default_device
 from ..tasks import registry
-from ..zerogpu import entry as zerogpu
+from ..tasks.registry import Task
 from ..zerogpu.entry import cuda_emulation
 from ..zerogpu.loadguard import check_loading_allowed
+from ..zerogpu.quota import model_bytes
 from .memory import free_accelerator_memory
 
 log = logging.getLogger(__name__)
@@ -34,32 +36,27 @@ CUSTOM = "custom"
 #: Pipelines kept besides pinned ones when no byte budget is given: "All tasks" at one size fits.
 DEFAULT_MAX_MODELS = 6
 
-Key = tuple[str, str]
+Key = tuple[str, str]  # (task name, size or CUSTOM)
 Factory = Callable[..., Any]
-
-
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def pipeline_bytes(pipe: Any) -> int:
     """Bytes of a pipeline's weights (0 for stand-ins without a model)."""
     model = getattr(pipe, "model", None)
-    return zerogpu.model_bytes(model) if hasattr(model, "parameters") else 0
+    return model_bytes(model) if hasattr(model, "parameters") else 0
 
 
 class ModelManager:
-    """Thread-safe bounded cache of task pipelines keyed by (task, size).
+    """Thread-safe bounded cache of task pipelines keyed by (task name, size).
 
-    ``checkpoints`` maps a task to an explicit checkpoint file or folder (fine-tuned or custom
-    weights; the tests' tiny checkpoints): the file decides that task's model, and a chosen size
-    only checks it (``loading.checkpoint_size_conflict``): a file of a published size offers that
-    size alone, a file of no published size takes any size.
+    ``checkpoints`` (:class:`~sapiens2.models.checkpoints.Checkpoints`, or a mapping made into one)
+    names an explicit checkpoint file or folder per task (fine-tuned or custom weights; the tests'
+    tiny checkpoints): the file decides that task's model, and a chosen size only checks it
+    (``loading.checkpoint_size_conflict``): a file of a published size offers that size alone, a
+    file of no published size takes any size; they also decide which tasks the server shows.
     ``size`` overrides the default size of every task that offers it. ``factory`` builds a
-    pipeline (``factory(task, size, checkpoint=..., device=..., dtype=..., **borrowed)``); the
-    default is the task's pipeline class. Unpinned pipelines are evicted least recently used first
+    pipeline (``factory(task name, size, checkpoint=..., device=..., dtype=..., **borrowed)``);
+    the default is the task's pipeline class. Unpinned pipelines are evicted least recently used first
     beyond ``max_models`` of them or ``max_bytes`` of weights (when given). ``on_change`` is called
     after a model was loaded or dropped (and after the person detector loaded), under the cache's
     lock, so that no request reaches its device call with the old set (ZeroGPU: see
@@ -70,7 +67,7 @@ class ModelManager:
         self,
         device: str | None = None,
         dtype: Any = None,
-        checkpoints: Mapping[str, str | os.PathLike] | None = None,
+        checkpoints: Checkpoints | Mapping[str, str | os.PathLike] | None = None,
         max_models: int = DEFAULT_MAX_MODELS,
         *,
         size: str | None = None,
@@ -81,15 +78,15 @@ class ModelManager:
     ) -> None:
         if max_models < 1:
             raise OptionError(f"max_models must be at least 1; got {max_models}.")
-        self.device = str(device) if device else default_device()
+        self.device = str(device) if device else str(default_device())
         self.dtype = dtype
-        self.checkpoints = {registry.get(t).name: Path(p) for t, p in (checkpoints or {}).items()}
+        self.checkpoints = checkpoints if isinstance(checkpoints, Checkpoints) else Checkpoints(checkpoints)
         self.max_models = int(max_models)
         self.max_bytes = max_bytes
         self.size = size
         self.on_change = on_change
         self._factory = factory
-        self.compile = compile  # torch.compile each model at load (local CUDA only; see accel)
+        self.compile = compile  # torch.compile each model at load (local CUDA only; models.compile)
         self.compile_reports: dict[Key, Any] = {}  # what compilation did or why it was skipped
         self._guard = threading.Lock()  # protects the dicts below, never held while loading
         self._cache: OrderedDict[Key, Any] = OrderedDict()  # least recently used first
@@ -114,11 +111,19 @@ class ModelManager:
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
 
-    def checkpoint_size(self, task: str) -> str | None:
+    def tasks(self) -> dict[str, Task]:
+        """The tasks this server shows (its checkpoints decide those not on the Hub), in tab order."""
+        return registry.all_tasks(self.checkpoints)
+
+    def video_tasks(self) -> dict[str, Task]:
+        """The shown tasks that run on clips, in tab order."""
+        return registry.video_tasks(self.checkpoints)
+
+    def checkpoint_size(self, task: Task) -> str | None:
         """The published size of the task's explicit checkpoint, read from its header once; None
         without a checkpoint, for a file of no published size, or for an unreadable file (whose
         load then reports what is wrong)."""
-        name = registry.get(task).name
+        name = task.name
         if name not in self.checkpoints:
             return None
         if name not in self._file_sizes:
@@ -131,48 +136,47 @@ class ModelManager:
             self._file_sizes[name] = str(size) if size else None
         return self._file_sizes[name]
 
-    def sizes(self, task: str) -> tuple[str, ...]:
+    def sizes(self, task: Task) -> tuple[str, ...]:
         own = self.checkpoint_size(task)
-        return (own,) if own else registry.get(task).spec.sizes
+        return (own,) if own else task.spec.sizes
 
-    def default_size(self, task: str) -> str:
+    def default_size(self, task: Task) -> str:
         own = self.checkpoint_size(task)
         if own:
             return own
-        spec = registry.get(task).spec
+        spec = task.spec
         return str(self.size) if self.size in spec.sizes else spec.default_size(self.cuda)
 
-    def resolve_size(self, task: str, size: str | None) -> str:
+    def resolve_size(self, task: Task, size: str | None) -> str:
         """``size`` checked against the zoo (None -> the default); OptionError names the sizes."""
         if size in (None, ""):
             return self.default_size(task)
-        registry.get(task).spec.check_size(str(size))
+        task.spec.check_size(str(size))
         return str(size)
 
-    def key(self, task: str, size: str | None) -> Key:
-        name = registry.get(task).name
-        if name in self.checkpoints:
-            self._check_checkpoint_size(name, size)
-            return (name, CUSTOM)
-        return (name, self.resolve_size(name, size))
+    def key(self, task: Task, size: str | None) -> Key:
+        if task.name in self.checkpoints:
+            self._check_checkpoint_size(task, size)
+            return (task.name, CUSTOM)
+        return (task.name, self.resolve_size(task, size))
 
-    def _check_checkpoint_size(self, task: str, size: str | None) -> None:
+    def _check_checkpoint_size(self, task: Task, size: str | None) -> None:
         """The same rule as ``load_model(size, checkpoint=...)``: a size only checks the file."""
         if size in (None, ""):
             return
-        registry.get(task).spec.check_size(str(size))  # a size that exists nowhere is refused too
+        task.spec.check_size(str(size))  # a size that exists nowhere is refused too
         from ..models.loading import checkpoint_size_conflict
 
         conflict = checkpoint_size_conflict(self.checkpoint_size(task), str(size))
         if conflict is not None:
             raise OptionError(
-                f"This server's {task} model is the checkpoint {self.checkpoints[task].name}, size "
-                f"{self.checkpoint_size(task)}; size {size} is not offered. {conflict}"
+                f"This server's {task.name} model is the checkpoint {self.checkpoints[task.name].name}, "
+                f"size {self.checkpoint_size(task)}; size {size} is not offered. {conflict}"
             )
 
-    def borrowed_size(self, borrowed: str, size: str | None) -> str | None:
+    def borrowed_size(self, borrowed: Task, size: str | None) -> str | None:
         """Size of a borrowed model: the borrower's when offered (same cost class), else the default."""
-        return size if size in registry.get(borrowed).spec.sizes else None
+        return size if size in borrowed.spec.sizes else None
 
     # -- cache -------------------------------------------------------------------------
 
@@ -194,7 +198,7 @@ class ModelManager:
                 self._pinned.add(key)
         return pipe
 
-    def get(self, task: str, size: str | None = None, *, pin: bool = False, load: bool = True) -> Any:
+    def get(self, task: Task, size: str | None = None, *, pin: bool = False, load: bool = True) -> Any:
         """The pipeline for (task, size), loading it once on first use. ``load=False`` (a GPU
         function) raises ResidencyError instead of loading."""
         key = self.key(task, size)
@@ -210,7 +214,7 @@ class ModelManager:
                 if (pipe := self._hit(key, pin)) is not None:
                     return pipe
             try:
-                pipe = self._build(*key)
+                pipe = self._build(task, key[1])
             except BaseException:
                 with self._guard:
                     self.failures += 1
@@ -229,23 +233,22 @@ class ModelManager:
             free_accelerator_memory()
         return pipe
 
-    def prepare(self, task: str, size: str | None = None, **infer_opts: Any) -> list[Key]:
+    def prepare(self, task: Task, size: str | None = None, **infer_opts: Any) -> list[Key]:
         """Load everything a request with these options will use (the task's model, the models
         it borrows, the person detector) here, before any GPU function runs; returns the keys of
         the models (hold them with :meth:`holding` until the device call returns). A borrowed model
         that cannot be loaded is only logged: the pipeline falls back with a notice."""
-        decl = registry.get(task)
-        self.get(decl.name, size)
-        keys = [self.key(decl.name, size)]
-        for borrowed in decl.needs(infer_opts):
+        self.get(task, size)
+        keys = [self.key(task, size)]
+        for borrowed in task.needs(infer_opts):
             bsize = self.borrowed_size(borrowed, size)
             try:
                 self.get(borrowed, bsize)
                 keys.append(self.key(borrowed, bsize))
             except Sapiens2Error as err:
-                log.warning("%s model for %s unavailable: %s", borrowed, decl.name, err)
-        if decl.warm is not None:
-            self._warm(decl)
+                log.warning("%s model for %s unavailable: %s", borrowed.name, task.name, err)
+        if task.warm is not None:
+            self._warm(task)
         return keys
 
     @contextmanager
@@ -265,19 +268,19 @@ class ModelManager:
                     if not self._held[key]:
                         del self._held[key]
 
-    def preload(self, tasks: Iterable[str] | None = None, *, pin: bool = True) -> dict[str, str]:
-        """Load the default size of each task (all by default) and what it always needs; returns
-        task -> error text for those that failed (nothing raises: a Space must start without weights)."""
+    def preload(self, tasks: Iterable[Task] | None = None, *, pin: bool = True) -> dict[str, str]:
+        """Load the default size of each task (by default every task this server shows) and what
+        it always needs; returns task name -> error text for those that failed (nothing raises:
+        a Space must start without weights)."""
         failed: dict[str, str] = {}
-        for task in tasks or registry.all_tasks():
+        for task in self.tasks().values() if tasks is None else tasks:
             try:
-                decl = registry.get(task)
-                self.get(decl.name, None, pin=pin)
-                if decl.warm is not None:
-                    self._warm(decl)
+                self.get(task, None, pin=pin)
+                if task.warm is not None:
+                    self._warm(task)
             except Exception as err:  # report, keep starting
-                failed[task] = f"{type(err).__name__}: {err}"
-                log.warning("preload %s failed: %s", task, failed[task])
+                failed[task.name] = f"{type(err).__name__}: {err}"
+                log.warning("preload %s failed: %s", task.name, failed[task.name])
         return failed
 
     def trim(self, keep: int = 1) -> list[Key]:
@@ -323,38 +326,38 @@ class ModelManager:
         if self.on_change is not None:
             self.on_change()
 
-    def _warm(self, decl: registry.Task) -> None:
+    def _warm(self, task: Task) -> None:
         """Load what the task needs besides models (the person detector) in this process."""
-        check_loading_allowed(f"what {decl.name} needs besides its model")
+        assert task.warm is not None
+        check_loading_allowed(f"what {task.name} needs besides its model")
         with cuda_emulation():
-            loaded = decl.warm(self.device)
+            loaded = task.warm(self.device)
         if loaded:
             with self._guard:
                 self._changed()
 
-    def _build(self, task: str, size: str) -> Any:
-        decl = registry.get(task)
+    def _build(self, task: Task, size: str) -> Any:
         real_size = None if size == CUSTOM else size
-        kwargs: dict[str, Any] = {"checkpoint": self.checkpoints.get(task), "device": self.device}
+        kwargs: dict[str, Any] = {"checkpoint": self.checkpoints.get(task.name), "device": self.device}
         if self.dtype is not None:
             kwargs["dtype"] = self.dtype
-        for borrowed in decl.borrows:  # shared with that task's own tab, never a private copy
+        for borrowed in task.borrows:  # shared with that task's own tab, never a private copy
             bsize = self.borrowed_size(borrowed, real_size)
-            kwargs[borrowed] = lambda name=borrowed, s=bsize: self.get(name, s)
+            kwargs[borrowed.name] = lambda b=borrowed, s=bsize: self.get(b, s)
         t0 = time.perf_counter()
         with cuda_emulation():  # ZeroGPU: a request thread must place weights on emulated CUDA too
             if self._factory is not None:
-                pipe = self._factory(task, real_size, **kwargs)
+                pipe = self._factory(task.name, real_size, **kwargs)
             else:
-                pipe = decl.pipeline(real_size, **kwargs)
-        log.info("loaded %s %s on %s in %.1f s", task, size, self.device, time.perf_counter() - t0)
+                pipe = task.pipeline(real_size, **kwargs)
+        log.info("loaded %s %s on %s in %.1f s", task.name, size, self.device, time.perf_counter() - t0)
         if self.compile:  # skipped with a reason off CUDA and on ZeroGPU; never raises
-            from ..runtime.accel import compile_model
+            from ..models.compile import compile_model
 
             report = compile_model(pipe.model)
-            self.compile_reports[(task, size)] = report
-            log.info("compile %s %s: %s", task, size, report)
+            self.compile_reports[(task.name, size)] = report
+            log.info("compile %s %s: %s", task.name, size, report)
         return pipe
 
 
-__all__ = ["CUSTOM", "DEFAULT_MAX_MODELS", "ModelManager", "default_device", "pipeline_bytes"]
+__all__ = ["CUSTOM", "DEFAULT_MAX_MODELS", "ModelManager", "pipeline_bytes"]

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import OutOfMemoryError
-from ..models.zoo import get_task
+from ..models.zoo import TaskSpec
 
 #: Free heap a server keeps mapped between requests. A request's temporaries then find pages the
 #: process already holds instead of the kernel faulting in (zeroing, and for numpy's huge pages
@@ -27,7 +27,7 @@ def release_memory(keep_bytes: int = KEEP_FREE_BYTES) -> None:
 
     Request buffers (photos, model outputs, renders) are freed, but glibc keeps their pages, and a
     server runs requests on many threads: without a trim its resident memory climbs with every
-    burst (measured with bench/load.py: +60% over 200 requests). ``malloc_trim`` returns every
+    burst (docs/RELIABILITY.md). ``malloc_trim`` returns every
     free page in milliseconds, so the trim waits until that much more is free: up to
     ``keep_bytes`` stays warm for the next request (see :data:`KEEP_FREE_BYTES`). The growth, not
     the total, decides: after a trim the free blocks stay counted as free (their pages are gone),
@@ -92,13 +92,12 @@ def release_cpu_threads() -> None:
 
     Every thread that runs torch ops keeps its own team of OpenMP workers, and a server runs
     requests on many threads. Once the workers alive outnumber the CPUs, GNU OpenMP stops letting
-    idle workers spin and puts them to sleep after each op, so every op pays a wake-up: on 2 CPUs,
-    seg's labels at 12 MP took 1.0 s on a second thread against 0.4 s on the first
+    idle workers spin and puts them to sleep after each op, so every op pays a wake-up
     (docs/PERFORMANCE.md, "Threads and pages"). Freeing the team when a thread's work ends keeps one
     team alive; the next op builds a new one in microseconds. Where no OpenMP runtime offers
     ``omp_pause_resource_all`` this does nothing.
     """
-    from ..runtime.accel import openmp_function
+    from ..runtime.threads import openmp_function
 
     pause = openmp_function("omp_pause_resource_all")
     if pause is not None:
@@ -127,11 +126,12 @@ def is_out_of_memory(err: BaseException) -> bool:
     return "out of memory" in text or "outofmemoryerror" in text
 
 
-def out_of_memory(task: str, size: str) -> OutOfMemoryError:
-    """The error for an out-of-memory run, advising a smaller size when one exists."""
-    sizes = get_task(task).sizes
+def out_of_memory(spec: TaskSpec, size: str) -> OutOfMemoryError:
+    """The error for an out-of-memory run of a task (its zoo row), advising a smaller size when one
+    exists."""
+    sizes = spec.sizes
     smaller = list(sizes[: sizes.index(size)]) if size in sizes else []
     advice = f"choose a smaller size ({', '.join(smaller)})" if smaller else "use a smaller photo"
     return OutOfMemoryError(
-        f"Out of GPU memory running {task} {size}. The model cache was trimmed; try again, or {advice}."
+        f"Out of GPU memory running {spec.name} {size}. The model cache was trimmed; try again, or {advice}."
     )

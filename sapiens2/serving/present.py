@@ -15,8 +15,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..outputs.writers import WRITE_WORKERS, deferred_writes
-from ..tasks import registry
+from ..outputs.writers import WRITE_WORKERS, Writer
+from ..tasks.registry import Task
+from . import on_demand
 
 #: Long side of the pictures a page shows: a screen needs no more; downloads keep full size.
 PREVIEW_SIDE = 2048
@@ -109,6 +110,7 @@ def write_preview(path: Path, image: np.ndarray, max_side: int = PREVIEW_SIDE) -
 
 
 def present(
+    task: Task,
     result: Any,
     out_dir: str | Path,
     *,
@@ -117,20 +119,20 @@ def present(
     later: bool = False,
     **render_opts: Any,
 ) -> Presented:
-    """Render ``result`` with the (validated) rendering options and write its exports into
-    ``out_dir``; the saved picture is the one shown, so downloads match the screen.
+    """Render ``task``'s ``result`` with the (validated) rendering options and write its exports
+    into ``out_dir``; the saved picture is the one shown, so downloads match the screen.
 
     ``stages``: where to add this step's timings (render, downloads, previews, views).
     ``preview_side``: also write JPEG previews of the photo and the rendering, that long at most
     (into ``out_dir/preview``, apart from the downloads).
-    ``later``: leave the task's on-demand files (``Task.on_demand``) to be made when asked.
+    ``later``: leave the task's on-demand files (``Task.on_demand``) to be made when asked, and
+    keep what makes them (:func:`sapiens2.serving.on_demand.keep`).
 
-    The files are written side by side on ``WRITE_WORKERS`` threads (:func:`file_writes.deferred_writes`):
-    the downloads, then the two previews. Each stage is the wall time until its own files are all
-    written, so the stages still add up to the request's time; the files, their order and the
-    errors are those of writing one file after another."""
+    The files are written side by side on ``WRITE_WORKERS`` threads (a pooled
+    :class:`~sapiens2.outputs.writers.Writer`): the downloads, then the two previews. Each stage is
+    the wall time until its own files are all written, so the stages still add up to the request's
+    time; the files, their order and the errors are those of writing one file after another."""
     stages = stages or Stages()
-    task = registry.get(result.info.task)
     args = task.render_args(render_opts)
     # the on-demand files are the save's business only (render never sees the flag)
     save_args = {**args, "later": True} if later and task.on_demand else args
@@ -140,11 +142,12 @@ def present(
         after = result.render(**accepted(result.render, args))
     shown: list[Future[Path]] = []  # the previews' jobs: the photo's, then the rendering's
     with ThreadPoolExecutor(WRITE_WORKERS, thread_name_prefix="sapiens2-write") as pool:
-        with stages.timed("downloads"), deferred_writes(pool):  # leaving waits for every file
-            files = [
-                Path(p)
-                for p in result.save(Path(out_dir), rendered=after, **accepted(result.save, save_args))
-            ]
+        writer = Writer(pool)
+        with stages.timed("downloads"), writer:  # leaving waits for every file
+            save = accepted(result.save, {**save_args, "writer": writer})
+            files = [Path(p) for p in result.save(Path(out_dir), rendered=after, **save)]
+            for entry in task.on_demand if later else ():
+                on_demand.keep(entry, result, Path(out_dir), writer)
             if preview_side is not None:  # after the downloads' jobs: they are waited for first
                 folder = Path(out_dir) / "preview"
                 folder.mkdir(parents=True, exist_ok=True)

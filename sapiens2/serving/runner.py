@@ -2,18 +2,19 @@
 The prepare -> one infer -> finish step is ``sapiens2.tasks.base.run_batch``, shared with the
 library call (``Pipeline.run_stages``, the CLI) and each batch of a clip (``sapiens2.video``).
 
-Only :func:`run_on_device` touches the accelerator; a server passes it (wrapped in its GPU
-entry, e.g. ZeroGPU's ``spaces.GPU``) as ``device_call``. Everything else runs in the server
-process: reading the photo, checking options, loading models (the residency decision),
-preparing network inputs, mapping results back to the photo, rendering and writing files.
-Errors are ``sapiens2.errors`` objects from end to end (isinstance checks only).
+Only the device step touches the accelerator: one unit of device work per call
+(:mod:`sapiens2.serving.device`), run by the server's ``device`` (on ZeroGPU its GPU entry).
+Everything else runs in the server process: reading the photo, checking options, loading models
+(the residency decision), preparing network inputs, mapping results back to the photo,
+rendering and writing files. The task arrives as a :class:`~sapiens2.tasks.registry.Task`, looked
+up by the caller. Errors are ``sapiens2.errors`` objects from end to end (isinstance checks only).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,23 +22,17 @@ from typing import Any
 
 from ..errors import GpuUnavailableError, InputImageError, OutOfMemoryError, Sapiens2Error
 from ..inputs.intake import Intake
-from ..tasks import registry
+from ..models import cost
 from ..tasks.base import finish_batch, prepare_batch
-from ..zerogpu.entry import cost_notice, gpu_request
-from ..zerogpu.loadguard import loading_forbidden
+from ..tasks.registry import OnDemand, Task
+from ..zerogpu.quota import cost_notice, gpu_request
+from . import on_demand
 from .cache import ModelManager
+from .device import AllTasks, Batch, Device, OneTask, local_device
 from .folders import RequestFolders
-from .gpu_time import reservation, weight_bytes, work_seconds
-from .memory import is_out_of_memory, out_of_memory
 from .present import Presented, Stages, present, run_info
 
 log = logging.getLogger(__name__)
-
-#: (task, size, prepared inputs, inference options, seconds to reserve) -> raws
-DeviceCall = Callable[[str, str, list[Any], dict[str, Any], int], Any]
-#: ([(task, size, prepared inputs, inference options)], seconds to reserve) -> iterator of
-#: (index, raws or the task's error object), in one GPU admission ("All tasks")
-DeviceMany = Callable[[list[tuple[str, str, list[Any], dict[str, Any]]], int], Iterator[tuple[int, Any]]]
 
 
 def read_photo(source: Any) -> Intake:
@@ -51,42 +46,11 @@ def read_photo(source: Any) -> Intake:
     return load_image(source)
 
 
-def run_on_device(
-    manager: ModelManager, task: str, size: str, preps: list[Any], infer_opts: dict[str, Any]
-) -> Any:
-    """The device work of one call: ``pipeline.infer(preps)`` with models already resident.
-
-    Never loads: a missing model is a ResidencyError. An out-of-memory error trims the cache and
-    becomes OutOfMemoryError with advice. Package errors are plain exceptions here; the app's GPU
-    entry (``sapiens2.zerogpu.entry.GpuEntry``) carries them across ZeroGPU's worker boundary intact."""
-    with loading_forbidden():
-        pipe = manager.get(task, size, load=False)
-        try:
-            return pipe.infer(preps, **infer_opts)
-        except Exception as err:
-            if isinstance(err, Sapiens2Error) or not is_out_of_memory(err):
-                raise
-            manager.trim()
-            raise out_of_memory(registry.get(task).name, size) from err
-
-
-def many_on_device(
-    manager: ModelManager, jobs: list[tuple[str, str, list[Any], dict[str, Any]]]
-) -> Iterator[tuple[int, Any]]:
-    """The device work of "All tasks" in one call: each task's raws as soon as they are done; a
-    task that fails gives its error object and the others still run."""
-    for i, (task, size, preps, opts) in enumerate(jobs):
-        try:
-            yield i, run_on_device(manager, task, size, preps, opts)
-        except Sapiens2Error as err:
-            yield i, err
-
-
 @dataclass
 class Job:
     """A checked request: the task, its size, the photos read, and the validated options."""
 
-    task: registry.Task
+    task: Task
     size: str
     intakes: list[Intake]
     infer_opts: dict[str, Any]
@@ -94,8 +58,18 @@ class Job:
     stages: Stages = field(default_factory=Stages)  # each step's seconds (the run info)
 
     @property
-    def pixels(self) -> list[int]:
-        return [int(i.rgb.shape[0] * i.rgb.shape[1]) for i in self.intakes]
+    def batch_sizes(self) -> list[str]:
+        """The published size of each model the job uses: its own and the ones it borrows."""
+        models = (self.task, *self.task.needs(self.infer_opts))
+        return [self.size if self.size in t.spec.sizes else t.spec.default_size(True) for t in models]
+
+
+def call_seconds(jobs: Sequence[Job], resident_bytes: int) -> int:
+    """The GPU seconds one call running ``jobs`` reserves: a fresh worker's start with everything
+    resident (at least the jobs' own models), plus each photo's work (``sapiens2.models.cost``)."""
+    own = sum(cost.weight_bytes(j.batch_sizes) for j in jobs)
+    work = sum(cost.photo_seconds(j.size, j.task.work(j.infer_opts)) * len(j.intakes) for j in jobs)
+    return cost.reservation(work, max(resident_bytes, own))
 
 
 class RequestRunner:
@@ -105,16 +79,14 @@ class RequestRunner:
         self,
         manager: ModelManager,
         folders: RequestFolders | None = None,
-        device_call: DeviceCall | None = None,
+        device: Device | None = None,
         announce: Callable[[str], None] | None = None,
-        device_many: DeviceMany | None = None,
         preview_side: int | None = None,
         later: bool = False,
     ) -> None:
         self.manager = manager
         self.folders = folders or RequestFolders()
-        self.device_call = device_call or (lambda t, s, p, o, _sec: run_on_device(manager, t, s, p, o))
-        self.device_many = device_many or (lambda jobs, _sec: many_on_device(manager, jobs))
+        self.device = device or local_device(manager)  # runs each unit of device work (one call)
         self.announce = announce  # tells the visitor what a large run costs (ZeroGPU) before it starts
         self.preview_side = preview_side  # a page's previews (present.PREVIEW_SIDE); None: none
         #: leave the tasks' on-demand files (the full-resolution mesh) to :meth:`make`
@@ -122,7 +94,7 @@ class RequestRunner:
 
     def job(
         self,
-        task: str,
+        task: Task,
         photos: Sequence[Any],
         size: str | None,
         options: Mapping[str, Any],
@@ -130,21 +102,16 @@ class RequestRunner:
     ) -> Job:
         """Read and check a request (CPU, no model): InputImageError / OptionError when bad.
         ``stages``: where each step's seconds go (a fresh record if not given)."""
-        decl = registry.get(task)
         stages = stages or Stages()
         with stages.timed("read"):
             intakes = [read_photo(p) for p in photos]
-        size = self.manager.resolve_size(decl.name, size)
-        infer_opts, render_opts = decl.split(options, gpu=self.manager.cuda)
-        return Job(decl, size, intakes, infer_opts, render_opts, stages)
+        size = self.manager.resolve_size(task, size)
+        infer_opts, render_opts = task.split(options, gpu=self.manager.cuda)
+        return Job(task, size, intakes, infer_opts, render_opts, stages)
 
     def seconds(self, *jobs: Job) -> int:
-        """The GPU seconds to reserve for one device call running ``jobs``: a fresh worker's
-        start with everything resident (at least the jobs' own models), plus their work."""
-        own = sum(weight_bytes(j.task.name, j.size, j.infer_opts) for j in jobs)
-        resident = max(self.manager.resident_bytes(), own)
-        work = sum(work_seconds(j.task.name, j.size, j.pixels, j.infer_opts) for j in jobs)
-        return reservation(work, resident)
+        """The GPU seconds to reserve for one device call running ``jobs``."""
+        return call_seconds(jobs, self.manager.resident_bytes())
 
     def tell_cost(self, seconds: float, what: str) -> None:
         notice = cost_notice(seconds, what)
@@ -156,20 +123,20 @@ class RequestRunner:
         ``announce``: tell the visitor first when the run is costly (see :meth:`tell_cost`)."""
         t0 = time.perf_counter()
         stages = job.stages
-        name, size, opts = job.task.name, job.size, job.infer_opts
+        task, size, opts = job.task, job.size, job.infer_opts
         with stages.timed("load"):
-            held = self.manager.prepare(name, size, **opts)
+            held = self.manager.prepare(task, size, **opts)
         with self.manager.holding(held):
-            pipe = self.manager.get(name, size)
+            pipe = self.manager.get(task, size)
             with stages.timed("prepare"):  # the batch step's halves (tasks.base.run_batch)
                 preps = prepare_batch(pipe, job.intakes, opts)
             seconds = self.seconds(job)
             if announce:
-                self.tell_cost(seconds, f"This {job.task.tab.lower()} {size} run")
-
+                self.tell_cost(seconds, f"This {task.tab.lower()} {size} run")
+            unit = OneTask(Batch(task, size, tuple(preps), opts), seconds)
             try:
                 with stages.timed("device"):
-                    raws = self.device_call(name, size, preps, opts, seconds)
+                    [raws] = list(self.device(unit))
             except OutOfMemoryError:
                 self.manager.trim()  # a ZeroGPU worker trimmed its own copy; this process holds one too
                 raise
@@ -180,7 +147,7 @@ class RequestRunner:
         return out
 
     def run(
-        self, task: str, photo: Any, size: str | None = None, *, stages: Stages | None = None, **options: Any
+        self, task: Task, photo: Any, size: str | None = None, *, stages: Stages | None = None, **options: Any
     ) -> Presented:
         """One task on one photo, rendered and exported into a fresh request folder.
         ``stages``: where each step's seconds go (a fresh record if not given)."""
@@ -190,6 +157,7 @@ class RequestRunner:
 
     def present(self, result: Any, job: Job) -> Presented:
         return present(
+            job.task,
             result,
             self.folders.new(),
             stages=job.stages,
@@ -198,39 +166,39 @@ class RequestRunner:
             **job.render_opts,
         )
 
-    def make(self, api_name: str, ref: Any, stages: Stages | None = None) -> tuple[list[Path], str]:
-        """The on-demand files ``api_name`` (a ``Task.on_demand`` entry) of the earlier result
-        ``ref`` names (:meth:`RequestFolders.find`), made in its folder: (files, how they were
-        made). CPU only, no model; ``stages``: where each step's seconds go."""
-        task, entry = registry.on_demand(api_name)
+    def make(
+        self, task: Task, entry: OnDemand, ref: Any, stages: Stages | None = None
+    ) -> tuple[list[Path], str]:
+        """The on-demand files ``entry`` (one of ``task.on_demand``) of the earlier result ``ref``
+        names (:meth:`RequestFolders.find`), made in its folder: (files, how they were made). CPU
+        only, no model; ``stages``: where each step's seconds go."""
         stages = stages if stages is not None else Stages()
         with stages.timed("find"):
             folder = self.folders.find(ref)
         with stages.timed("make"):
-            files = entry.make(folder)
+            files = on_demand.make(entry, folder)
         size = sum(p.stat().st_size for p in files)
         return files, f"{task.api_name}: {entry.label} · {size / 1e6:,.1f} MB"
 
     def compare(
-        self, task: str, photo_a: Any, photo_b: Any, size: str | None = None
+        self, task: Task, photo_a: Any, photo_b: Any, size: str | None = None
     ) -> tuple[float, str, list[str]]:
         """Score two photos with the task's ``compare`` (one device call for both)."""
-        decl = registry.get(task)
-        if decl.compare is None:
-            raise InputImageError(f"The {decl.api_name} task does not compare photos.")
-        job = self.job(decl.name, [photo_a, photo_b], size, {})
+        if task.compare is None:
+            raise InputImageError(f"The {task.name} task does not compare photos.")
+        job = self.job(task, [photo_a, photo_b], size, {})
         a, b = self.results(job)
         line = run_info(f"{a.info.head()} (both photos)", job.stages)  # one forward made both results
-        return decl.compare.score(a, b), line, [*a.notices, *b.notices]
+        return task.compare.score(a, b), line, [*a.notices, *b.notices]
 
     def run_all(
-        self, photo: Any, requests: Mapping[str, tuple[str | None, Mapping[str, Any]]]
+        self, photo: Any, requests: Mapping[Task, tuple[str | None, Mapping[str, Any]]]
     ) -> dict[str, Presented | Sapiens2Error]:
         """Every requested task (task -> (size, options)) on one photo, in ONE GPU admission that
-        yields each task's raws as it finishes. A task that fails gives its error object. When
-        ZeroGPU refuses the admission for quota, the tasks that fit in the seconds left run (one
-        more admission) and the others get one error saying which, why and what helps; when the
-        GPU fails partway, every task already done is kept."""
+        yields each task's raws as it finishes; by task name. A task that fails gives its error
+        object. When ZeroGPU refuses the admission for quota, the tasks that fit in the seconds
+        left run (one more admission) and the others get one error saying which, why and what
+        helps; when the GPU fails partway, every task already done is kept."""
         read = Stages()
         with read.timed("read"):
             intake = read_photo(photo)
@@ -240,14 +208,14 @@ class RequestRunner:
             try:
                 stages = Stages()
                 stages.seconds.update(read.seconds)  # every task used the one read
-                jobs[task] = self.job(task, [intake], size, options, stages)
+                jobs[task.name] = self.job(task, [intake], size, options, stages)
             except Sapiens2Error as err:
-                out[task] = err
+                out[task.name] = err
         with ExitStack() as held:
             ready = self._prepared(jobs, out, held)
             self.tell_cost(self.seconds(*[j for j, _, _ in ready.values()]), "Running all tasks")
             self._run_many(ready, out)
-        return {task: out[task] for task in requests}
+        return {task.name: out[task.name] for task in requests}
 
     def _prepared(
         self, jobs: dict[str, Job], out: dict[str, Presented | Sapiens2Error], held: ExitStack
@@ -255,11 +223,11 @@ class RequestRunner:
         """Load (held until the request ends) and prepare every job: task -> (job, pipe, preps)."""
         ready: dict[str, tuple[Job, Any, list[Any]]] = {}
         for task, job in jobs.items():
-            name, size, opts = job.task.name, job.size, job.infer_opts
+            size, opts = job.size, job.infer_opts
             try:
                 with job.stages.timed("load"):
-                    held.enter_context(self.manager.holding(self.manager.prepare(name, size, **opts)))
-                pipe = self.manager.get(name, size)
+                    held.enter_context(self.manager.holding(self.manager.prepare(job.task, size, **opts)))
+                pipe = self.manager.get(job.task, size)
                 with job.stages.timed("prepare"):
                     ready[task] = (job, pipe, prepare_batch(pipe, job.intakes, opts))
             except Sapiens2Error as err:
@@ -277,10 +245,11 @@ class RequestRunner:
             return
         names = list(ready)
         t0 = time.perf_counter()
-        calls = [(j.task.name, j.size, preps, j.infer_opts) for j, _, preps in ready.values()]
+        batches = tuple(Batch(j.task, j.size, tuple(preps), j.infer_opts) for j, _, preps in ready.values())
+        unit = AllTasks(batches, self.seconds(*[j for j, _, _ in ready.values()]))
         try:
             arrived = t0
-            for i, raws in self.device_many(calls, self.seconds(*[j for j, _, _ in ready.values()])):
+            for i, raws in self.device(unit):
                 ready[names[i]][0].stages.add("device", time.perf_counter() - arrived)  # since the last
                 out[names[i]] = self._present(ready[names[i]], raws, t0)
                 arrived = time.perf_counter()
@@ -326,12 +295,4 @@ class RequestRunner:
             return err
 
 
-__all__ = [
-    "DeviceCall",
-    "DeviceMany",
-    "Job",
-    "many_on_device",
-    "RequestRunner",
-    "read_photo",
-    "run_on_device",
-]
+__all__ = ["Job", "RequestRunner", "call_seconds", "read_photo"]

@@ -4,14 +4,14 @@ The clip is read, checked and planned here and the models are loaded here
 (``ModelManager.prepare``); then one device call runs the whole clip where the models are
 (decode, person detection and tracking for a task with a detection hook, the batch forwards, rendering, writing), yielding
 its progress per batch and then the result. On ZeroGPU that call is one admission with one
-reservation (:func:`sapiens2.serving.gpu_time.reservation`), so a clip can no longer be refused
+reservation (:func:`sapiens2.models.cost.reservation`), so a clip can no longer be refused
 halfway for lack of quota; a plan that would not fit a visitor without an account is reduced
 up front (a larger stride, then fewer frames) and the page says so; a refusal for quota runs the
 frames that fit in the seconds left, and a device failure partway keeps the frames done.
 
 Before a run, :meth:`VideoRequests.estimate` says what it will cost: the GPU seconds the call will
-request, or the time on a CPU from the model's size and a CPU rate (measured here, see
-:data:`CPU_MACS_PER_S`), replaced by this server's own measurement once it has run a clip.
+request, or the time on a CPU from the model's size and a CPU rate (``sapiens2.models.cost``),
+replaced by this server's own measurement once it has run a clip.
 """
 
 from __future__ import annotations
@@ -19,85 +19,33 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import GpuUnavailableError, InputVideoError, OptionError, Sapiens2Error
+from ..models import cost
 from ..models.zoo import ARCHS
-from ..tasks import registry
-from ..tasks.registry import forward_seconds
+from ..tasks.registry import Task, Video
 from ..video.handlers import TrackingOptions, handler_class
 from ..video.reader import VideoLimits
-from ..video.runner import VideoPlan, VideoResult, iter_video, plan_video
-from ..zerogpu.entry import cost_notice, gpu_request
-from ..zerogpu.loadguard import loading_forbidden
+from ..video.runner import VideoPlan, VideoResult, plan_video
+from ..zerogpu.quota import cost_notice, gpu_request
 from .cache import CUSTOM, ModelManager
+from .device import Clip, Device, local_device
 from .folders import RequestFolders
-from .gpu_time import MAX_CALL_S, reservation, start_seconds, weight_bytes
-from .runner import run_on_device
 
-#: (task, size, items, inference options, seconds, step) -> one result per item; step "infer"
-#: (items: preps) or "detect" (items: RGB frames; tasks with a ``Task.video.detect`` hook)
-VideoDeviceCall = Callable[..., list[Any]]
-#: (task, size, clip spec, inference options, seconds) -> iterator of (frames done, planned) then
-#: the VideoResult: a whole clip in one device call
-DeviceVideo = Callable[[str, str, dict[str, Any], dict[str, Any], int], Iterator[Any]]
 #: Frames per forward inside the clip's call.
 MAX_BATCH = 8
-#: Multiply-accumulates per second of a 0.4b forward on this project's 2-core CPU: pointmap at
-#: 1024x768 (1.26 T MACs) took 41.5 s a frame in ``python bench/video.py`` (docs/VIDEO.md).
-CPU_MACS_PER_S = 3.0e10
-#: Seconds a frame costs on a CPU beyond the backbone's parameters x tokens: the heads and
-#: resizes at the network's 1024x768 input, prepare/finish, render and two VP8 encodes. Measured
-#: with tiny checkpoints (backbone cost about 0) on this 2-core machine while six jobs shared it:
-#: 4.3-6.0 s a frame for seg and pose, 720p and 360p alike (/tmp/zg_cpu.py in the issue-20 notes).
-#: Without it the estimate said "about 1 s" for a run that took 17 s (issue 21).
-CPU_FRAME_OVERHEAD_S = 5.0
-#: ESTIMATE: seconds of GPU for one person detection (DETR-ResNet-50 at 800 px: about 0.09 TFLOP,
-#: milliseconds at gpu_time.SUSTAINED_TFLOPS; the rest is its pre/post-processing).
-DETECT_GPU_S = 0.25
-#: ESTIMATE: people per frame a clip's reservation assumes for a task with a detection hook (each
-#: is one crop of the forward).
-VIDEO_PEOPLE = 2
-#: ESTIMATE: seconds per frame of the work inside the clip's call that is not the model (decode,
-#: prepare, finish, render, VP8 encode of two videos) on the Space's CPU; the run measures its own.
-FRAME_HOST_S = 0.15
 #: The largest stride a reduced plan uses before it cuts frames instead.
 MAX_AUTO_STRIDE = 10
-
-
-def run_step(
-    manager: ModelManager, task: str, size: str, items: list[Any], opts: dict[str, Any], step: str = "infer"
-) -> list[Any]:
-    """The device work of one video call, models already resident (never loads)."""
-    if step == "infer":
-        return run_on_device(manager, task, size, items, opts)
-    hook = registry.get(task).video
-    if step != "detect" or hook is None or hook.detect is None:
-        raise OptionError(f"Unknown device step {step!r} for {task!r}.")
-    with loading_forbidden():
-        detect = hook.detect(manager.get(task, size, load=False), opts)
-        return [detect(rgb) for rgb in items]
-
-
-def video_on_device(
-    manager: ModelManager, task: str, size: str, spec: dict[str, Any], opts: dict[str, Any], seconds: int
-) -> Iterator[Any]:
-    """A whole clip where the models are (never loads): progress per batch, then the result.
-    ``spec``: :func:`~sapiens2.video.runner.iter_video`'s arguments (clip, out_dir, ...)."""
-    with loading_forbidden():
-        pipe = manager.get(task, size, load=False)
-        spec = dict(spec)
-        clip, out_dir = spec.pop("clip"), spec.pop("out_dir")
-        yield from iter_video(pipe, clip, out_dir, task=task, options=opts, **spec)
 
 
 @dataclass
 class VideoJob:
     """A checked video request (nothing loaded yet)."""
 
-    task: registry.Task
+    task: Task
     size: str
     clip: str
     plan: VideoPlan
@@ -153,14 +101,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def _video(task: registry.Task) -> registry.Video:
+def _video(task: Task) -> Video:
     """The task's video declaration (OptionError when it runs no video)."""
     handler_class(task)
     assert task.video is not None
     return task.video
 
 
-def video_render_options(task: registry.Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
+def video_render_options(task: Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
     """A task's rendering options as its video handler takes them (``Task.video.handler``)."""
     return handler_class(task).render_kwargs(task, render_opts)
 
@@ -172,19 +120,13 @@ class VideoRequests:
         self,
         manager: ModelManager,
         folders: RequestFolders | None = None,
-        device_call: VideoDeviceCall | None = None,
+        device: Device | None = None,
         limits: VideoLimits = VideoLimits(),
         announce: Callable[[str], None] | None = None,
-        device_video: DeviceVideo | None = None,
     ) -> None:
         self.manager = manager
         self.folders = folders or RequestFolders()
-        self.device_call = device_call or (
-            lambda t, s, i, o, _sec, step="infer": run_step(manager, t, s, i, o, step)
-        )
-        self.device_video = device_video or (
-            lambda t, s, spec, o, sec: video_on_device(manager, t, s, spec, o, sec)
-        )
+        self.device = device or local_device(manager)  # runs the clip's one unit of device work
         self.limits = limits
         self.announce = announce
         self._lock = threading.Lock()
@@ -192,7 +134,7 @@ class VideoRequests:
 
     def job(
         self,
-        task: str,
+        task: Task,
         clip: Any,
         size: str | None = None,
         *,
@@ -202,15 +144,14 @@ class VideoRequests:
         options: Mapping[str, Any] | None = None,
     ) -> VideoJob:
         """Check a request and plan the clip (cheap: reads the header only)."""
-        decl = registry.get(task)
-        handler_class(decl)  # OptionError unless it declares video
+        handler_class(task, self.manager.video_tasks())  # OptionError unless it declares video
         if clip is None or (isinstance(clip, str) and not clip.strip()):
             raise InputVideoError("No clip given: upload an MP4, WebM, MOV or GIF clip.")
         limits = self.request_limits(max_frames)
-        size = self.manager.resolve_size(decl.name, size)
-        infer_opts, render_opts = decl.split(options or {}, gpu=self.manager.cuda)
+        size = self.manager.resolve_size(task, size)
+        infer_opts, render_opts = task.split(options or {}, gpu=self.manager.cuda)
         plan = plan_video(clip, stride=stride, limits=limits)
-        job = VideoJob(decl, size, str(clip), plan, limits, infer_opts, render_opts, tracking)
+        job = VideoJob(task, size, str(clip), plan, limits, infer_opts, render_opts, tracking)
         return self.fitted(job) if self.manager.cuda else job
 
     def fitted(self, job: VideoJob, quota_s: int | None = None) -> VideoJob:
@@ -243,9 +184,9 @@ class VideoRequests:
         return replace(job, plan=plan, reduced=reduced, take=take)
 
     def _fits(self, job: VideoJob, frames: int, quota_s: int | None) -> bool:
-        seconds = self.clip_work(job, frames) + start_seconds(self._resident(job))
+        seconds = self.clip_work(job, frames) + cost.start_seconds(self._resident(job))
         if quota_s is None:
-            return seconds <= MAX_CALL_S
+            return seconds <= cost.MAX_CALL_S
         return gpu_request(seconds).charged_s <= quota_s
 
     def request_limits(self, max_frames: int | None) -> VideoLimits:
@@ -260,26 +201,20 @@ class VideoRequests:
     # -- cost ------------------------------------------------------------------------------
 
     def _resident(self, job: VideoJob) -> int:
-        return max(self.manager.resident_bytes(), weight_bytes(job.task.name, job.size, job.infer_opts))
+        sizes = [job.size if job.size in t.spec.sizes else t.spec.default_size(True)
+                 for t in (job.task, *job.task.needs(job.infer_opts))]  # fmt: skip
+        return max(self.manager.resident_bytes(), cost.weight_bytes(sizes))
 
     def clip_work(self, job: VideoJob, frames: int) -> float:
         """Seconds of device work of the clip's one call for ``frames`` frames (start excluded):
-        the batch forwards at the published FLOPs (``Task.video.forwards`` a frame, for each of
-        :data:`VIDEO_PEOPLE` people with a detection hook), a detection every ``detect_every``
-        frames (with the hook), and the frames' host work inside the call (:data:`FRAME_HOST_S`)."""
-        video, opts = _video(job.task), job.infer_opts
-        per_frame = video.forwards(opts) * (VIDEO_PEOPLE if video.detect else 1)
-        forwards = 1 + len(job.task.needs(opts))
-        batches, last = divmod(frames, MAX_BATCH)
-        work = batches * forward_seconds(job.size, MAX_BATCH * per_frame) * forwards
-        work += forward_seconds(job.size, last * per_frame) * forwards if last else 0.0
-        if video.detect:
-            work += DETECT_GPU_S * math.ceil(frames / job.tracking.detect_every)
-        return work + FRAME_HOST_S * frames
+        ``sapiens2.models.cost.clip_seconds`` of the task's shape of work, in batches of
+        :data:`MAX_BATCH` frames."""
+        work = job.task.work(job.infer_opts)
+        return cost.clip_seconds(job.size, work, frames, MAX_BATCH, job.tracking.detect_every)
 
     def clip_seconds(self, job: VideoJob) -> int:
         """The GPU seconds the clip's one call requests (the one reservation function)."""
-        return reservation(self.clip_work(job, job.frames), self._resident(job))
+        return cost.reservation(self.clip_work(job, job.frames), self._resident(job))
 
     def estimate(self, job: VideoJob) -> Estimate:
         frames = job.frames if job.plan.frames is not None else None
@@ -295,43 +230,42 @@ class VideoRequests:
             measured = self._measured.get((job.task.name, job.size))
         if measured is not None:
             return frames * measured, "measured on this server's last clip of this task and size"
-        if self.manager.key(job.task.name, job.size)[1] == CUSTOM and not self._loaded(job):
+        if self.manager.key(job.task, job.size)[1] == CUSTOM and not self._loaded(job):
             return None, "a custom checkpoint whose size is known once loaded: run once for a measured rate"
         macs = self.frame_macs(job)
         if macs is None:
             return None, "a model of no published size: run once for a measured rate"
-        per_frame = macs / CPU_MACS_PER_S + CPU_FRAME_OVERHEAD_S
+        per_frame = cost.cpu_frame_seconds(macs)
         basis = "from the model's size at a CPU rate measured on a 2-core machine, plus each frame's decode, render and encode; expect +-50%"
         if _video(job.task).detect:
             basis += "; one person per frame assumed, each more person adds as much again"
         return frames * per_frame, basis
 
     def _loaded(self, job: VideoJob) -> bool:
-        return self.manager.key(job.task.name, job.size) in self.manager.loaded()
+        return self.manager.key(job.task, job.size) in self.manager.loaded()
 
     def frame_macs(self, job: VideoJob) -> float | None:
         """Multiply-accumulates of one frame's forwards: parameters x tokens per forward (None
         when a model is neither loaded nor of a published size)."""
-        name, opts = job.task.name, job.infer_opts
-        forwards = [name] * _video(job.task).forwards(opts) + list(job.task.needs(opts))
+        opts = job.infer_opts
+        forwards = [job.task] * job.task.work(opts).forwards + list(job.task.needs(opts))
         macs = [self._forward_macs(t, job.size) for t in forwards]
         return None if None in macs else sum(m for m in macs if m is not None)
 
-    def _forward_macs(self, task: str, size: str) -> float | None:
+    def _forward_macs(self, task: Task, size: str) -> float | None:
         """Parameters x tokens of one forward: of the loaded model when there is one, else of
         the size's published backbone at the checkpoint's input size (None: neither)."""
-        decl = registry.get(task)
-        size_arg = size if size in decl.spec.sizes else None
+        size_arg = size if size in task.spec.sizes else None
         try:
             pipe = self.manager.get(task, size_arg, load=False)
             params = float(sum(p.numel() for p in pipe.model.parameters()))
             h, w = pipe.network_hw
         except (Sapiens2Error, AttributeError):  # not loaded yet, or a pipeline without a model
-            arch = ARCHS.get(size_arg or "") or ARCHS.get(decl.spec.default_size(False))
+            arch = ARCHS.get(size_arg or "") or ARCHS.get(task.spec.default_size(False))
             if arch is None:
                 return None
             params = arch.params_b * 1e9
-            h, w = decl.spec.input_size(arch.size)
+            h, w = task.spec.input_size(arch.size)
         return params * (h // 16) * (w // 16)
 
     def _remember(self, job: VideoJob, result: VideoResult) -> None:
@@ -345,9 +279,8 @@ class VideoRequests:
         """Load (here), then the whole clip in one device call (one GPU admission). A refusal for
         quota runs the frames that fit in the seconds left (said on the result); anything else
         the device reports is raised."""
-        name, size, opts = job.task.name, job.size, job.infer_opts
         self._tell(job, self.estimate(job))
-        with self.manager.holding(self.manager.prepare(name, size, **opts)):
+        with self.manager.holding(self.manager.prepare(job.task, job.size, **job.infer_opts)):
             try:
                 result = self._run_clip(job, progress)
             except GpuUnavailableError as err:
@@ -368,17 +301,15 @@ class VideoRequests:
         # stop before the reservation runs out (a GPU's wall time); SAPIENS2_NO_GPU_BUDGET=1 turns
         # it off where "cuda" is emulated on a CPU whose wall time says nothing about a GPU's
         timed = self.manager.cuda and not os.environ.get("SAPIENS2_NO_GPU_BUDGET")
-        budget = seconds - start_seconds(self._resident(job)) if timed else None
-        spec = {
-            "clip": job.clip, "out_dir": str(self.folders.new()), "stride": job.plan.stride,
-            "limits": job.limits, "batch_size": MAX_BATCH,
-            "render_options": video_render_options(job.task, job.render_opts), "tracking": job.tracking,
-            "source_video": True, "budget_s": budget, "take": job.take,
-        }  # fmt: skip
-        if job.handler is not None:
-            spec["handler"] = job.handler
+        budget = seconds - cost.start_seconds(self._resident(job)) if timed else None
+        unit = Clip(
+            job.task, job.size, job.infer_opts, clip=job.clip, out_dir=str(self.folders.new()),
+            stride=job.plan.stride, limits=job.limits, batch=MAX_BATCH,
+            render_options=video_render_options(job.task, job.render_opts), tracking=job.tracking,
+            budget_s=budget, take=job.take, seconds=seconds, handler=job.handler,
+        )  # fmt: skip
         result = None
-        for item in self.device_video(job.task.name, job.size, spec, job.infer_opts, seconds):
+        for item in self.device(unit):
             if isinstance(item, VideoResult):
                 result = item
             elif progress is not None:
@@ -402,12 +333,4 @@ class VideoRequests:
             self.announce(f"Running on the CPU: {estimate.line(False)}")
 
 
-__all__ = [
-    "DeviceVideo",
-    "Estimate",
-    "VideoJob",
-    "VideoRequests",
-    "run_step",
-    "video_on_device",
-    "video_render_options",
-]
+__all__ = ["MAX_BATCH", "Estimate", "VideoJob", "VideoRequests", "video_render_options"]

@@ -13,7 +13,7 @@ from .base import Pipeline, RunInfo, TaskResult
 
 
 def pipeline_class(task: str) -> type[Pipeline]:
-    """The pipeline class for a task's zoo or API name ("pretrain" or "features")."""
+    """The pipeline class of the task named ``task`` (the one look-up, at the public entry)."""
     from . import registry
 
     return registry.get(task).pipeline

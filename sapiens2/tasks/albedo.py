@@ -24,10 +24,12 @@ from ..errors import OptionError
 from ..inputs.intake import Intake
 from ..inputs.network import crop_padding, resize_to
 from ..models.zoo import get_task
+from ..outputs.writers import NOW, Writer
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .options import Option
 from .registry import Task, Video
+from .seg import TASK as SEG
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline, seg_borrowing
 
@@ -52,22 +54,23 @@ class AlbedoResult(TaskResult):
             out[~self.mask] = BACKGROUND_GREY if background == "grey" else self.image[~self.mask]
         return out
 
-    def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, *, rendered: np.ndarray | None = None, writer: Writer = NOW
+    ) -> list[Path]:
         """Writes ``<name>_albedo.png``, ``<name>_albedo.npy`` (float16, (H, W, 3) in [0, 1]) and,
         with a mask, ``<name>_albedo_mask.png``; ``rendered`` replaces the default PNG."""
         from ..outputs.export import safe_path, write_npy, write_png
 
+        def path(suffix: str) -> Path:
+            return safe_path(out_dir, self.name, suffix)
+
         paths = [
-            write_png(
-                safe_path(out_dir, self.name, "_albedo.png"), self.render() if rendered is None else rendered
-            ),
-            write_npy(safe_path(out_dir, self.name, "_albedo.npy"), self.albedo, np.float16),
+            write_png(path("_albedo.png"), self.render() if rendered is None else rendered, writer=writer),
+            write_npy(path("_albedo.npy"), self.albedo, np.float16, writer=writer),
         ]
         if self.mask is not None:
-            paths.append(
-                write_png(safe_path(out_dir, self.name, "_albedo_mask.png"), self.mask.astype(np.uint8) * 255)
-            )
-        return [Path(p) for p in paths]
+            paths.append(write_png(path("_albedo_mask.png"), self.mask.astype(np.uint8) * 255, writer=writer))
+        return paths
 
 
 @dataclass
@@ -127,19 +130,18 @@ class AlbedoPipeline(SegMaskedPipeline):
 # ----------------------------------------------------------------------------- declaration
 
 
-_needs, _gpu_seconds = seg_borrowing("use_segmentation", default=True)
+_needs, _work = seg_borrowing("use_segmentation", default=True)
 
 
 TASK = Task(
     spec=get_task("albedo"),
     pipeline=AlbedoPipeline,
-    api_name="albedo",
     tab="Albedo",
     button="Run albedo",
     summary="Albedo: the surface colour without shading, per pixel.",
     result_label="Albedo",
     downloads="Downloads (albedo PNG, NPY float16, mask PNG)",
-    gpu_seconds=_gpu_seconds,
+    work=_work,
     options=(
         Option(
             "use_segmentation",
@@ -159,7 +161,7 @@ TASK = Task(
             choices=("grey", "photo"),
         ),
     ),
-    borrows=("seg",),
+    borrows=(SEG,),
     needs=_needs,
     video=Video(raw_fields={"albedo": np.float16, "mask": None}),
 )

@@ -97,6 +97,9 @@ class Pipeline:
     input_hw: tuple[int, int] | None = None
     #: long-side limit of the working copy (see sapiens2.inputs.intake.load_image); settable per instance
     max_side: int = DEFAULT_MAX_SIDE
+    #: the constructor's keywords besides the model's, with their defaults (pose: ``detector``;
+    #: the tasks that borrow the segmentation: ``seg``), handed to :meth:`attach`
+    parts: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(
         self,
@@ -106,9 +109,13 @@ class Pipeline:
         checkpoint: str | Path | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        **parts: Any,
     ) -> None:
         from ..models.loading import load_model
 
+        unknown = sorted(set(parts) - set(self.parts))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}")
         self.spec: TaskSpec = get_task(self.task)
         if model is None:
             model = load_model(self.task, size, checkpoint=checkpoint, device=device, dtype=dtype)
@@ -116,9 +123,15 @@ class Pipeline:
         self.size: str | None = getattr(model, "size", size)
         self.device, self.dtype = model_device_dtype(model)
         if self.device.type == "cpu":
-            from ..runtime.accel import configure_cpu_threads
+            from ..runtime.threads import configure_cpu_threads
 
             configure_cpu_threads()  # once per process; only ever lowers an oversubscribed count
+        self.attach(**{**self.parts, **parts})
+
+    def attach(self, **parts: Any) -> None:
+        """Keep the constructor's extra :attr:`parts` (by default as attributes of the same names)."""
+        for name, value in parts.items():
+            setattr(self, name, value)
 
     @property
     def network_hw(self) -> tuple[int, int]:
@@ -183,7 +196,7 @@ def run_batch(
     intake prepared, ONE ``infer`` over all the preps, each raw finished; one result per intake.
 
     ``infer`` runs the device work instead of ``pipe.infer`` (a server's GPU call, with the
-    reservation of ``sapiens2.serving.gpu_time``). ``per_item``: options that differ per intake
+    reservation of ``sapiens2.models.cost``). ``per_item``: options that differ per intake
     (a clip's per-frame person boxes), given to ``prepare`` and ``finish`` but not to ``infer``,
     which must take them from each prep."""
     preps = prepare_batch(pipe, intakes, options, per_item)

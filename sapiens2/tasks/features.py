@@ -1,10 +1,10 @@
-"""Backbone features (pretrain checkpoints): the CLS embedding of a photo and its patch features,
-shown as the first three principal components in RGB, plus cosine similarity of two embeddings.
+"""Backbone features (the release's "pretrain" checkpoints): the CLS embedding of a photo and its
+patch features, shown as the first three principal components in RGB, plus cosine similarity of two
+embeddings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,9 @@ from ..errors import OptionError
 from ..inputs import network as network_input
 from ..inputs.intake import Intake
 from ..models.zoo import get_task
+from ..outputs.writers import NOW, Writer
 from .base import Pipeline, RunInfo, TaskResult
-from .registry import Compare, Task, View, forward_seconds
+from .registry import Compare, Task, View
 
 
 @dataclass(kw_only=True)
@@ -39,20 +40,19 @@ class FeaturesResult(TaskResult):
         out.update(dim=int(self.embedding.shape[0]), grid=list(self.patch_features.shape[1:]))
         return out
 
-    def save(self, out_dir: str | Path, *, rendered: np.ndarray | None = None) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, *, rendered: np.ndarray | None = None, writer: Writer = NOW
+    ) -> list[Path]:
         """Writes ``<name>_embedding.npy`` (D,) and ``<name>_features_pca.png``; returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
         from ..outputs.export import safe_path, write_npy, write_png
 
-        paths = [
-            write_npy(safe_path(out_dir, self.name, "_embedding.npy"), self.embedding),
-            write_png(
-                safe_path(out_dir, self.name, "_features_pca.png"),
-                self.render() if rendered is None else rendered,
-            ),
+        picture = self.render() if rendered is None else rendered
+        return [
+            write_npy(safe_path(out_dir, self.name, "_embedding.npy"), self.embedding, writer=writer),
+            write_png(safe_path(out_dir, self.name, "_features_pca.png"), picture, writer=writer),
         ]
-        return [Path(p) for p in paths]
 
 
 @dataclass
@@ -81,7 +81,7 @@ class FeaturesPipeline(Pipeline):
     the values.
     """
 
-    task = "pretrain"
+    task = "features"
 
     def __call__(self, image: Any) -> FeaturesResult:
         return self.run_stages(image)
@@ -150,20 +150,14 @@ def cosine_similarity(
 # ----------------------------------------------------------------------------- declaration
 
 
-def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
-    return forward_seconds(size)
-
-
 TASK = Task(
-    spec=get_task("pretrain"),
+    spec=get_task("features"),
     pipeline=FeaturesPipeline,
-    api_name="features",
     tab="Features",
     button="Run features",
     summary="Features: the backbone's image embedding and a PCA view of its patch features.",
     result_label="Features (PCA)",
     downloads="Downloads (embedding NPY, PCA PNG)",
-    gpu_seconds=_gpu_seconds,
     views=(View("json", "Summary", lambda result, files: result.summary()),),
     compare=Compare(
         "similarity",

@@ -20,10 +20,11 @@ from ..inputs.intake import Intake, load_image
 from ..inputs.network import resize_hwc, stretch_antialiased
 from ..models.zoo import get_task
 from ..outputs.render import CHROMA_GREEN
+from ..outputs.writers import NOW, Writer
 from .base import Pipeline, TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .options import Option
-from .registry import Task, Video, forward_seconds
+from .registry import Task, Video
 
 
 @dataclass(kw_only=True)
@@ -47,7 +48,12 @@ class MattingResult(TaskResult):
         return rgba_cutout(self.foreground, self.alpha)
 
     def save(
-        self, out_dir: str | Path, *, background: Any = CHROMA_GREEN, rendered: np.ndarray | None = None
+        self,
+        out_dir: str | Path,
+        *,
+        background: Any = CHROMA_GREEN,
+        rendered: np.ndarray | None = None,
+        writer: Writer = NOW,
     ) -> list[Path]:
         """Writes ``<name>_cutout.png`` (RGBA), ``<name>_alpha.png`` (grey, alpha x 255) and
         ``<name>_composite.png`` (over ``background``); returns their paths. ``rendered``: a
@@ -55,15 +61,9 @@ class MattingResult(TaskResult):
         from ..outputs.export import safe_path, write_png
 
         alpha8 = np.clip(self.alpha * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        paths = [
-            write_png(safe_path(out_dir, self.name, "_cutout.png"), self.cutout()),
-            write_png(safe_path(out_dir, self.name, "_alpha.png"), alpha8),
-            write_png(
-                safe_path(out_dir, self.name, "_composite.png"),
-                self.render(background=background) if rendered is None else rendered,
-            ),
-        ]
-        return [Path(p) for p in paths]
+        composite = self.render(background=background) if rendered is None else rendered
+        pictures = {"_cutout.png": self.cutout(), "_alpha.png": alpha8, "_composite.png": composite}
+        return [write_png(safe_path(out_dir, self.name, s), p, writer=writer) for s, p in pictures.items()]
 
 
 @dataclass
@@ -130,20 +130,14 @@ def _render_args(render_opts: Mapping[str, Any]) -> dict[str, Any]:
         raise InputImageError(f"Background image: {err}") from None
 
 
-def _gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
-    return forward_seconds(size)
-
-
 TASK = Task(
     spec=get_task("matting"),
     pipeline=MattingPipeline,
-    api_name="matting",
     tab="Matting",
     button="Run matting",
     summary="Matting: alpha matte and cut-out of the person, composited over a background.",
     result_label="Matting",
     downloads="Downloads (RGBA cut-out, alpha, composite)",
-    gpu_seconds=_gpu_seconds,
     options=(
         Option(
             "background_color",

@@ -10,27 +10,31 @@ segmentation. The device returns the network-resolution float32 pointmap; the re
 
 from __future__ import annotations
 
-import secrets
-import shutil
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..errors import ResultNotFoundError
 from ..inputs.intake import Intake
 from ..inputs.network import PadInfo, crop_padding
 from ..models.zoo import POINTMAP_CANONICAL_FOCAL, get_task
-from ..outputs.mesh import PREVIEW_MAX_FACES, GridMesh, finite_points, pixels_where
+from ..ops.maps import to_photo
+from ..outputs.mesh import PREVIEW_MAX_FACES, GridMesh, finite_points
+from ..outputs.pointmap_files import (
+    foreground_points,
+    full_resolution_names,
+    full_resolution_source,
+    make_full_resolution,
+    write_full_resolution,
+)
+from ..outputs.writers import NOW, Writer
 from .base import TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from .options import Option
 from .registry import OnDemand, Task, Video, View
+from .seg import TASK as SEG
 from .seg import SegLogits
 from .seg_borrow import SegMaskedPipeline, seg_borrowing
 
@@ -82,45 +86,45 @@ class PointmapResult(TaskResult):
         return out
 
     def save(
-        self, out_dir: str | Path, *, rendered: np.ndarray | None = None, later: bool = False
+        self,
+        out_dir: str | Path,
+        *,
+        rendered: np.ndarray | None = None,
+        later: bool = False,
+        writer: Writer = NOW,
     ) -> list[Path]:
         """Writes ``<name>_depth.npy`` (H, W), ``<name>_pointmap.npy`` (H, W, 3), ``<name>_depth.png``
-        (the render), ``<name>_pointcloud.ply`` (every foreground point, image colours),
-        ``<name>_pointcloud.glb`` (a subset of at most ``export.GLB_MAX_POINTS``, glTF frame),
-        ``<name>_mesh_preview.glb`` (the decimated mesh the 3D viewer shows) and
-        ``<name>_mesh.glb`` and ``<name>_mesh.ply`` (the full-resolution mesh, :mod:`sapiens2.outputs.mesh`);
-        returns their paths. ``rendered``: an image already rendered (e.g. with the viewer's
-        options) to write as the PNG instead of a fresh default ``render()``.
+        (the render), ``<name>_pointcloud.glb`` (a subset of at most ``export.GLB_MAX_POINTS``,
+        glTF frame), the :data:`FULL_RESOLUTION` files (the full-resolution mesh as GLB and PLY,
+        :mod:`sapiens2.outputs.mesh`, and every foreground point as a PLY) and
+        ``<name>_mesh_preview.glb`` (the decimated mesh the 3D viewer shows); returns their paths.
+        ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
+        instead of a fresh default ``render()``.
 
-        ``later``: leave the full-resolution files out (:data:`FULL_RESOLUTION`: at 12 MP the mesh's
-        two files are up to ~1 GB and the point cloud PLY ~190 MB, more than the rest of the
-        request's files) and write instead what :func:`full_resolution_files` makes them from when
-        asked: the app's way (its "full-resolution files" button)."""
+        ``later``: leave the full-resolution files out (at 12 MP they outweigh the rest of the
+        request's files): the app makes them only when asked (``TASK.on_demand``)."""
         from ..outputs.export import GLB_MAX_POINTS, safe_path, write_glb, write_npy, write_png
         from ..outputs.mesh import write_mesh_glb
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
 
-        # In order; inside file_writes.deferred_writes (as `present` runs it) each call only checks
-        # its input and hands the writing to a pool, so the point cloud is written while the
-        # mesh's faces are built here, and the big files (~300 MB a mesh file at 12 MP) overlap.
+        # In order; with a pooled writer each call only checks its input and hands the writing on,
+        # so the point cloud is written while the mesh's faces are built here.
+        picture = self.render() if rendered is None else rendered
         files = [
-            write_npy(path("_depth.npy"), self.depth),
-            write_npy(path("_pointmap.npy"), self.pointmap),
-            write_png(path("_depth.png"), self.render() if rendered is None else rendered),
+            write_npy(path("_depth.npy"), self.depth, writer=writer),
+            write_npy(path("_pointmap.npy"), self.pointmap, writer=writer),
+            write_png(path("_depth.png"), picture, writer=writer),
         ]
         # later: the viewer's subset only, the same points write_glb picks from the whole cloud
         pts, cols = self.sampled_points(GLB_MAX_POINTS) if later else self.points()
-        files.append(write_glb(path("_pointcloud.glb"), pts, cols))  # a subset: the viewer's cloud
-        if later:
-            keep_full_source(Path(out_dir), self)
-        else:
-            files += write_full_resolution(
-                Path(out_dir), self.name, self.pointmap, self.mask, self.image, self.focal_px, (pts, cols)
-            )
-        files.append(write_mesh_glb(path("_mesh_preview.glb"), self.mesh(preview=True)))
-        return [Path(p) for p in files]
+        files.append(write_glb(path("_pointcloud.glb"), pts, cols, writer=writer))
+        if not later:
+            full = (self.pointmap, self.mask, self.image, self.focal_px)
+            files += write_full_resolution(Path(out_dir), self.name, *full, (pts, cols), writer=writer)
+        files.append(write_mesh_glb(path("_mesh_preview.glb"), self.mesh(preview=True), writer=writer))
+        return files
 
     def mesh(self, *, preview: bool = False) -> GridMesh:
         """The foreground as a triangle mesh (:func:`sapiens2.outputs.mesh.grid_mesh`; vertices = the
@@ -130,39 +134,6 @@ class PointmapResult(TaskResult):
 
         build = preview_mesh if preview else grid_mesh
         return build(self.pointmap, self.mask, self.image, focal_px=self.focal_px)
-
-
-#: The release's demo smooths the pointmap before enlarging it: 4 passes of a 3x3 Gaussian.
-BLUR_SIGMA, BLUR_PASSES = 0.8, 4
-
-
-def blur_release(pm: torch.Tensor) -> torch.Tensor:
-    """(C, h, w) float32 -> ``BLUR_PASSES`` passes of a 3x3 Gaussian (sigma ``BLUR_SIGMA``,
-    kernel as ``cv2.getGaussianKernel``), reflect padding (the edge pixel is not repeated:
-    torch's "reflect", cv2's default border); a 1-pixel side repeats its edge instead."""
-    g = torch.exp(-torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64) / (2 * BLUR_SIGMA**2))
-    g = (g / g.sum()).float()
-    c = pm.shape[0]
-    kernel = (g[:, None] * g[None, :]).expand(c, 1, 3, 3).contiguous()
-    mode = "reflect" if min(pm.shape[-2:]) >= 2 else "replicate"
-    x = pm[None]
-    for _ in range(BLUR_PASSES):
-        x = F.conv2d(F.pad(x, (1, 1, 1, 1), mode=mode), kernel, groups=c)
-    return x[0]
-
-
-def to_photo(pm: torch.Tensor, out_hw: tuple[int, int]) -> np.ndarray:
-    """(3, h, w) -> (H, W, 3) float32 numpy, the release's way back: when the photo is larger than
-    the (cropped) output, blur first (:func:`blur_release`), then bilinear (half-pixel centres, no
-    antialias) with ``cv2.INTER_LINEAR`` as the release does. cv2 writes the (H, W, 3) layout the
-    result keeps directly and, at 12 MP, runs ~10x faster than torch's bilinear, whose float32
-    source coordinates drift by ~1e-5 of the range far from the origin (cv2: ~1e-7)."""
-    if out_hw[0] > pm.shape[-2] or out_hw[1] > pm.shape[-1]:
-        pm = blur_release(pm)
-    hwc = np.ascontiguousarray(pm.permute(1, 2, 0).numpy(), dtype=np.float32)
-    if hwc.shape[:2] == tuple(out_hw):
-        return hwc
-    return cv2.resize(hwc, (out_hw[1], out_hw[0]), interpolation=cv2.INTER_LINEAR)
 
 
 @dataclass
@@ -250,109 +221,10 @@ class PointmapPipeline(SegMaskedPipeline):
         )
 
 
-# ----------------------------------------------------------------------------- the big files, later
-
-
-def foreground_points(
-    pointmap: np.ndarray, mask: np.ndarray, image: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The points of ``pointmap`` (H, W, 3) under ``mask`` that are finite, (N, 3) float32, and
-    their ``image`` colours (N, 3) uint8, in row-major order."""
-    keep = mask & finite_points(pointmap)
-    return pixels_where(pointmap, keep), pixels_where(image, keep)
-
-
-#: The files ``save(..., later=True)`` leaves to :func:`full_resolution_files`, in its order.
-FULL_RESOLUTION = ("_mesh.glb", "_mesh.ply", "_pointcloud.ply")
-
-
-def write_full_resolution(
-    folder: Path,
-    name: str,
-    pointmap: np.ndarray,
-    mask: np.ndarray,
-    image: np.ndarray,
-    focal_px: float,
-    points: tuple[np.ndarray, np.ndarray] | None = None,
-) -> list[Path]:
-    """The :data:`FULL_RESOLUTION` files of a result into ``folder``, in that order: the mesh
-    (:func:`sapiens2.outputs.mesh.grid_mesh`) as GLB and PLY, and every foreground point as a PLY.
-    ``points``: :func:`foreground_points` of these arrays, when the caller has them already.
-    Inside ``deferred_writes`` the cloud is written while the mesh is built."""
-    from ..outputs.export import safe_path, write_ply
-    from ..outputs.mesh import grid_mesh, write_mesh_glb, write_mesh_ply
-
-    glb, ply, cloud = (safe_path(folder, name, suffix) for suffix in FULL_RESOLUTION)
-    write_ply(cloud, *(points if points is not None else foreground_points(pointmap, mask, image)))
-    full = grid_mesh(pointmap, mask, image, focal_px=focal_px)
-    return [write_mesh_glb(glb, full), write_mesh_ply(ply, full), cloud]
-
-
-#: What :func:`full_resolution_files` needs besides ``<name>_pointmap.npy``, kept in the request
-#: folder (not a download): the mask (bits), the photo (the colours), the focal length, the name.
-FULL_SOURCE = Path("on_demand") / "pointmap_full.npz"
-
-
-def keep_full_source(folder: Path, result: PointmapResult) -> Path:
-    """Write :data:`FULL_SOURCE` for ``result`` into ``folder`` (on the pool of an active
-    ``deferred_writes``): 1/8 byte a pixel for the mask, 3 for the photo (~38 MB at 12 MP)."""
-    from ..outputs.writers import prepare, write_or_defer
-
-    mask, image = np.packbits(result.mask, axis=None), result.image
-
-    def write(p: Path) -> None:
-        with open(p, "wb") as f:
-            np.savez(
-                f, mask=mask, image=image, focal_px=np.float64(result.focal_px), name=np.str_(result.name)
-            )
-
-    return write_or_defer(prepare(folder / FULL_SOURCE), write)
-
-
-def full_resolution_files(folder: Path) -> list[Path]:
-    """The :data:`FULL_RESOLUTION` files (the full-resolution mesh, GLB and PLY, and the point cloud
-    PLY) of the pointmap result in ``folder`` (written there by ``save(..., later=True)``): the same
-    files, byte for byte, that ``save()`` writes at once. Files already made are returned as they
-    are; the files only appear complete (written under a temporary name first), so two requests
-    at once never see half a file."""
-    from ..outputs.export import safe_path
-    from ..outputs.writers import WRITE_WORKERS, deferred_writes
-
-    source = folder / FULL_SOURCE
-    try:
-        with np.load(source, allow_pickle=False) as kept:
-            name, focal = str(kept["name"]), float(kept["focal_px"])
-            image, bits = kept["image"], kept["mask"]
-    except (OSError, KeyError, ValueError) as err:
-        raise ResultNotFoundError(
-            "This result has no full-resolution files to make (not a pointmap result, or it was "
-            "made elsewhere). Run pointmap on the photo first."
-        ) from err
-    targets = [safe_path(folder, name, suffix) for suffix in FULL_RESOLUTION]
-    if all(p.is_file() for p in targets):
-        return targets
-    pointmap = np.load(safe_path(folder, name, "_pointmap.npy"), allow_pickle=False)
-    h, w = image.shape[:2]
-    mask = np.unpackbits(bits, count=h * w).reshape(h, w).astype(bool)
-    work = folder / f".making-{secrets.token_hex(8)}"
-    try:
-        # side by side, as save() writes them
-        with (
-            ThreadPoolExecutor(WRITE_WORKERS, thread_name_prefix="sapiens2-write") as pool,
-            deferred_writes(pool),
-        ):
-            made = write_full_resolution(work, name, pointmap, mask, image, focal)
-        for src, dst in zip(made, targets, strict=True):
-            Path(src).replace(dst)  # atomic on one file system: a reader sees all or nothing
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return targets
-
-
 # ----------------------------------------------------------------------------- declaration
 
 
-_needs, _gpu_seconds = seg_borrowing("use_segmentation", default=True)
+_needs, _work = seg_borrowing("use_segmentation", default=True)
 
 
 def _mesh_preview(result: Any, files: list[Path]) -> str | None:
@@ -362,13 +234,12 @@ def _mesh_preview(result: Any, files: list[Path]) -> str | None:
 TASK = Task(
     spec=get_task("pointmap"),
     pipeline=PointmapPipeline,
-    api_name="pointmap",
     tab="Pointmap / 3D",
     button="Run pointmap",
     summary="Pointmap / 3D: metric XYZ per pixel, a depth view, a coloured point cloud and mesh.",
     result_label="Depth",
     downloads="Downloads (point cloud GLB, mesh preview GLB, depth and XYZ NPY, depth PNG)",
-    gpu_seconds=_gpu_seconds,
+    work=_work,
     options=(
         Option(
             "use_segmentation",
@@ -390,10 +261,16 @@ TASK = Task(
                 "PLY, every foreground pixel a vertex) and the point cloud PLY. Pass the result's id or "
                 "any of its file paths or URLs."
             ),
-            make=full_resolution_files,
+            missing=(
+                "This result has no full-resolution files to make (not a pointmap result, or it was "
+                "made elsewhere). Run pointmap on the photo first."
+            ),
+            source=lambda r: full_resolution_source(r.mask, r.image, r.focal_px, r.name),
+            names=full_resolution_names,
+            make=make_full_resolution,
         ),
     ),
-    borrows=("seg",),
+    borrows=(SEG,),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
     video=Video(handler="depth", raw_fields={"depth": np.float32, "mask": None}),

@@ -3,9 +3,13 @@
 With the pose option ``keypoints_3d``, the pose pipeline also runs the pointmap model (and its
 body-part segmentation, for the people's mask) on the same photo, in the same three stages: the
 pointmap's prep rides in the pose prep, its forward follows pose's in ``infer``, and ``finish``
-lifts every keypoint with :func:`sapiens2.tasks.pose_lift.lift_keypoints`. The result carries
+lifts every keypoint with :func:`sapiens2.ops.pose_lift.lift_keypoints`. The result carries
 :class:`Keypoints3D`; ``save`` writes ``<name>_keypoints3d.json`` and ``<name>_skeleton3d.glb``
 (the point cloud with the skeletons inside).
+
+The skeleton-in-cloud GLB is a download, not a view of the tab: a view would add an output to
+``/pose`` and shift its files and run info for every API caller (:func:`skeleton_view` is ready
+for one).
 
 Off by default: it runs two more models (pointmap and segmentation at 1024x768) beside the pose
 crops, about three times a pose request's GPU seconds and ~40 s more per photo on a 2-core CPU
@@ -24,10 +28,20 @@ import numpy as np
 
 from ..errors import CheckpointError, OptionError, WeightsUnavailableError
 from ..inputs.intake import Intake
-from .pose_lift import lift_keypoints
-from .registry import forward_seconds
+from ..ops.pose_lift import lift_keypoints
+from ..outputs.writers import NOW, Writer
+from .options import Option
+from .pointmap import TASK as POINTMAP
+from .pointmap import PointmapPipeline
+from .registry import Task
+from .seg import TASK as SEG
 
 OPTION = "keypoints_3d"
+#: pose's option that turns the 3D keypoints on
+DECLARATION = Option(
+    OPTION, "bool", False, "infer", "3D keypoints (runs pointmap and body parts too)",
+    "give every keypoint X, Y, Z in metres from the pointmap, and show the skeleton in the point cloud",
+)  # fmt: skip
 #: Points of the photo's cloud in the skeleton GLB (the viewer's; the pointmap task has them all).
 CLOUD_POINTS = 150_000
 
@@ -48,8 +62,6 @@ class LazyPointmap:
     kept: the server's model cache stays free to evict it), or loaded next to the pose model."""
 
     def __init__(self, source: Any, owner: Any) -> None:
-        from .pointmap import PointmapPipeline
-
         if source is not None and not (isinstance(source, PointmapPipeline) or callable(source)):
             raise OptionError(
                 f"pointmap must be a PointmapPipeline, a function returning one, or None; got {type(source).__name__}."
@@ -59,16 +71,13 @@ class LazyPointmap:
         self._owner = owner
         self._lock = threading.Lock()
 
-    def get(self) -> Any:
-        from ..models.zoo import get_task
-        from .pointmap import PointmapPipeline
-
+    def get(self) -> PointmapPipeline:
         if self._factory is not None:
             return self._factory()
         with self._lock:
             if self._pipe is None:
                 own = self._owner
-                size = own.size if own.size in get_task("pointmap").sizes else None
+                size = own.size if own.size in POINTMAP.spec.sizes else None
                 self._pipe = PointmapPipeline(size, device=own.device, dtype=own.dtype)
             return self._pipe
 
@@ -118,16 +127,13 @@ def finish(
     return Keypoints3D(lifted.points, lifted.samples, float(pm.focal_px), cloud, colors)
 
 
-def needs(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
-    """What a pose request loads besides pose: the pointmap and its segmentation when asked."""
-    return ("pointmap", "seg") if infer_opts.get(OPTION) else ()
+def needs(infer_opts: Mapping[str, Any]) -> tuple[Task, ...]:
+    """What a pose request loads besides pose: the pointmap and its segmentation when asked (each
+    one more forward of a photo: ``models.cost.Work.borrowed``)."""
+    return (POINTMAP, SEG) if infer_opts.get(OPTION) else ()
 
 
-def extra_seconds(size: str, infer_opts: Mapping[str, Any]) -> float:
-    return forward_seconds(size, 2) if infer_opts.get(OPTION) else 0.0
-
-
-def save(result: Any, out_dir: str | Path, *, threshold: float) -> list[Path]:
+def save(result: Any, out_dir: str | Path, *, threshold: float, writer: Writer = NOW) -> list[Path]:
     """``<name>_keypoints3d.json`` and ``<name>_skeleton3d.glb`` of a pose result with 3D keypoints."""
     from ..outputs.export import safe_path, write_json
     from ..outputs.skeleton3d import keypoints3d_json, write_skeleton_cloud_glb
@@ -139,9 +145,13 @@ def save(result: Any, out_dir: str | Path, *, threshold: float) -> list[Path]:
         focal_px=k3.focal_px, boxes=result.boxes,
     )  # fmt: skip
     return [
-        Path(write_json(safe_path(out_dir, result.name, "_keypoints3d.json"), doc)),
+        write_json(safe_path(out_dir, result.name, "_keypoints3d.json"), doc, writer=writer),
         write_skeleton_cloud_glb(
-            safe_path(out_dir, result.name, "_skeleton3d.glb"), k3.cloud, k3.cloud_colors, shown
+            safe_path(out_dir, result.name, "_skeleton3d.glb"),
+            k3.cloud,
+            k3.cloud_colors,
+            shown,
+            writer=writer,
         ),
     ]
 
@@ -152,10 +162,10 @@ def skeleton_view(result: Any, files: list[Path]) -> str | None:
 
 __all__: list[str] = [
     "CLOUD_POINTS",
+    "DECLARATION",
     "OPTION",
     "Keypoints3D",
     "LazyPointmap",
-    "extra_seconds",
     "finish",
     "infer",
     "needs",

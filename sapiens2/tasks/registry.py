@@ -3,20 +3,20 @@
 A declaration says everything the layers above the pipelines need to know about a task: its zoo
 row (sizes, checkpoints), its pipeline class, its options (name, type, default, range, label,
 stage), the extra views its result fills besides the before/after picture, its downloads, the
-other models it borrows, and its GPU-time estimate. The server, the app's tabs and endpoints,
-"All tasks", the CLI flags and the API docs are all generated from these declarations; adding a
-task is one new module in this package that ends with a ``TASK = Task(...)`` (found by
+other tasks' models it borrows, and the shape of its device work. The server, the app's tabs and
+endpoints, "All tasks", the CLI flags and the API docs are all generated from these declarations;
+adding a task is one new module in this package that ends with a ``TASK = Task(...)`` (found by
 :func:`builtin_modules`; tab order is the zoo's row order), or a :func:`register` call.
 
+A task is looked up by its name once, where a request comes in (:func:`get`: the page, the API,
+the command line, ``sapiens2.pipeline``); below that the :class:`Task` object itself is passed.
 A task whose weights are not on the Hub (``TaskSpec.on_hub=False``, e.g. albedo) is declared but
-shown (page, API, CLI, video) only where a checkpoint for it is found: :func:`all_tasks` leaves it
-out otherwise; :func:`get` still finds it by name.
+shown only where a checkpoint for it is found: :func:`all_tasks` leaves it out otherwise.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
 import threading
 from collections.abc import Callable, Mapping
@@ -25,13 +25,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import OptionError
-from ..models.zoo import ARCHS, TaskSpec
+from ..models.checkpoints import Checkpoints
+from ..models.cost import Work
+from ..models.weights import local_root
 from ..models.zoo import TASKS as ZOO
+from ..models.zoo import TaskSpec
 from . import options as opts
 
 #: Modules of this package known to hold machinery, not a task (not even imported by the scan; any
 #: other module without a ``TASK`` is skipped too).
-_NOT_TASKS = frozenset({"base", "dense", "options", "registry", "pose_codec", "pose_crops", "seg_borrow"})
+_NOT_TASKS = frozenset({"base", "dense", "options", "pose_3d", "pose_result", "registry", "seg_borrow"})
 
 
 @dataclass(frozen=True)
@@ -48,15 +51,20 @@ class View:
 @dataclass(frozen=True)
 class OnDemand:
     """Files a finished result makes only when asked (the pointmap's full-resolution mesh): too
-    large to write on every run for the few who download them. The run leaves in its request
-    folder what ``make`` needs (``save(..., later=True)``); ``make(folder)`` writes the files
-    there and returns their paths, the same files ``save()`` writes without ``later``."""
+    large to write on every run for the few who download them. A run with ``save(..., later=True)``
+    leaves them out, and the server keeps ``source(result)`` (arrays and scalars) in the request
+    folder (``sapiens2.serving.on_demand``); when asked, ``make(source, folder, out, writer)``
+    writes into ``out`` the files ``names(source)`` lists, from that source and the downloads in
+    ``folder``: the same files ``save()`` writes without ``later``."""
 
     api_name: str  # endpoint: ``/<api_name>`` (its one parameter names the result)
     button: str  # the tab's button
     label: str  # label of the files it makes
     summary: str  # one sentence: the API description
-    make: Callable[[Path], list[Path]]
+    missing: str  # the error when a result kept no source for them
+    source: Callable[[Any], dict[str, Any]]
+    names: Callable[[Mapping[str, Any]], list[str]]
+    make: Callable[..., list[Path]]
 
 
 @dataclass(frozen=True)
@@ -87,10 +95,6 @@ class FileGroup:
     suffixes: tuple[str, ...]
 
 
-def one_forward(infer_opts: Mapping[str, Any]) -> int:
-    return 1
-
-
 @dataclass(frozen=True)
 class Video:
     """A task that runs on clips (``sapiens2.video``): how its frames are handled. Video code reads
@@ -105,17 +109,19 @@ class Video:
     from, or add to, the defaults of the task's render options (pose: no boxes but track ids, since
     tracks are labelled instead). ``detect``: the detection hook, ``(pipeline, inference options)
     -> (rgb -> detections with .boxes)``, for tasks whose frames need person boxes (the detector
-    every K frames, tracking between); None: frames are inferred whole. ``forwards``: forwards of
-    the task's own model per frame and person (pose with flip test: 2), for the cost estimates."""
+    every K frames, tracking between); None: frames are inferred whole."""
 
     handler: Literal["frames", "depth", "tracks"] = "frames"
     raw_fields: Mapping[str, Any] = field(default_factory=dict)
     render_overrides: Mapping[str, Any] = field(default_factory=dict)
     detect: Callable[[Any, Mapping[str, Any]], Callable[[Any], Any]] | None = None
-    forwards: Callable[[Mapping[str, Any]], int] = one_forward
 
 
-def no_borrowed(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
+def one_forward(infer_opts: Mapping[str, Any]) -> Work:
+    return Work()
+
+
+def no_borrowed(infer_opts: Mapping[str, Any]) -> tuple[Task, ...]:
     return ()
 
 
@@ -123,28 +129,29 @@ def same_options(render_opts: Mapping[str, Any]) -> dict[str, Any]:
     return dict(render_opts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Task:
-    """One task, declared once (see the module docstring)."""
+    """One task, declared once (see the module docstring). Compared and hashed by identity (there
+    is one object per task) and pickled by name (a GPU worker, a fork of the server, holds the
+    same declarations)."""
 
-    spec: TaskSpec  # the zoo row: sizes, checkpoints, default sizes
+    spec: TaskSpec  # the zoo row: the task's name, sizes, checkpoints, default sizes
     #: the pipeline class: ``pipeline(size, checkpoint=, device=, dtype=, **borrowed)``
     pipeline: Callable[..., Any]
-    api_name: str  # endpoint, CLI and tab id ("features" for the pretrain checkpoints)
     tab: str  # tab label
     button: str  # run button label
     summary: str  # one sentence: the API description and the CLI help
     result_label: str  # label of the before/after view
     downloads: str  # label of the download list
-    #: seconds of GPU work for one image (size, photo pixels, inference options); the caller adds
-    #: worker start-up and the ZeroGPU duration factor
-    gpu_seconds: Callable[[str, int, Mapping[str, Any]], float]
+    #: the shape of one image's device work for these inference options (``models.cost.Work``);
+    #: the seconds come from ``sapiens2.models.cost``
+    work: Callable[[Mapping[str, Any]], Work] = one_forward
     options: tuple[opts.Option, ...] = ()  # in API order
     views: tuple[View, ...] = ()
     #: other tasks whose pipelines this one's constructor takes as zero-argument factories
     #: (keyword = task name), and which of them a request with these inference options uses
-    borrows: tuple[str, ...] = ()
-    needs: Callable[[Mapping[str, Any]], tuple[str, ...]] = no_borrowed
+    borrows: tuple[Task, ...] = ()
+    needs: Callable[[Mapping[str, Any]], tuple[Task, ...]] = no_borrowed
     #: loads what the task needs besides models (pose: the person detector) on a device; returns
     #: True when it loaded something now
     warm: Callable[[str], bool] | None = None
@@ -162,13 +169,21 @@ class Task:
 
     @property
     def name(self) -> str:
+        """The task's one name: zoo row, endpoint (``/<name>``), CLI command, checkpoint key."""
         return self.spec.name
 
-    def available(self) -> bool:
+    @property
+    def api_name(self) -> str:
+        """The endpoint's name: the task's name."""
+        return self.spec.name
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_declared_task, (self.name,))
+
+    def available(self, checkpoints: Mapping[str, Path] = Checkpoints()) -> bool:
         """Shown in the page, API, CLI and video: its weights are on the Hub, or a checkpoint for
-        it is found (``$SAPIENS2_TASK_CHECKPOINTS`` / ``--checkpoint TASK=PATH``, or the release's
-        layout under ``$SAPIENS2_CHECKPOINTS``)."""
-        return self.spec.on_hub or local_checkpoint_found(self.spec)
+        it is found (in ``checkpoints``, or the release's layout under ``$SAPIENS2_CHECKPOINTS``)."""
+        return self.spec.on_hub or local_checkpoint_found(self.spec, checkpoints)
 
     def split(
         self, values: Mapping[str, Any], gpu: bool = False, where: Callable[[opts.Option], str] | None = None
@@ -194,48 +209,14 @@ class Task:
         return {o.name: o.default for o in self.options if o.stage == "render"} | dict(overrides)
 
 
-def on_demand(api_name: str) -> tuple[Task, OnDemand]:
-    """The shown task declaring the on-demand files ``api_name``, and that entry."""
-    for task in all_tasks().values():
-        for entry in task.on_demand:
-            if entry.api_name == api_name:
-                return task, entry
-    raise OptionError(f"No task makes {api_name!r} on request.")
-
-
-def forward_seconds(size: str, images: int = 1) -> float:
-    """Generous seconds of GPU work for ``images`` forwards of a backbone size at 1024x768.
-
-    From the published FLOPs (zoo.ARCHS) at ``serving.gpu_time.SUSTAINED_TFLOPS`` (an estimate),
-    plus 0.5 s of fixed per-call work; not measured on a GPU (none was lent to this project yet)."""
-    from ..serving.gpu_time import SUSTAINED_TFLOPS  # the one place of the estimate
-
-    arch = ARCHS.get(size)
-    tflops = arch.tflops_1024x768 if arch and arch.tflops_1024x768 else 16 * 4.715  # 1b-4k: 16x the tokens
-    return 0.5 + images * tflops / SUSTAINED_TFLOPS
-
-
-#: Env var naming per-task checkpoints (``pose=/a.safetensors,albedo=/b``); the app's and the
-#: server's ``--checkpoint TASK=PATH`` flags add to it (sapiens2.serving.checkpoints reads it).
-TASK_CHECKPOINTS_ENV = "SAPIENS2_TASK_CHECKPOINTS"
-
-
-def local_checkpoint_found(spec: TaskSpec) -> bool:
-    """A checkpoint for ``spec`` is named in ``$SAPIENS2_TASK_CHECKPOINTS`` and exists, or one of
-    its sizes sits in the release's layout under ``$SAPIENS2_CHECKPOINTS``."""
-    from ..models.weights import local_root
-
-    for item in os.environ.get(TASK_CHECKPOINTS_ENV, "").split(","):
-        task, sep, path = item.partition("=")
-        if sep and task.strip() == spec.name and Path(path.strip()).expanduser().exists():
-            return True
+def local_checkpoint_found(spec: TaskSpec, checkpoints: Mapping[str, Path] = Checkpoints()) -> bool:
+    """A checkpoint for ``spec`` is named in ``checkpoints`` and exists, or one of its sizes sits in
+    the release's layout under ``$SAPIENS2_CHECKPOINTS``."""
+    path = checkpoints.get(spec.name)
+    if path is not None and Path(path).exists():
+        return True
     root = local_root()
     return root is not None and any((root / spec.local_path(size)).is_file() for size in spec.sizes)
-
-
-def video_tasks() -> dict[str, Task]:
-    """The shown tasks that run on clips (``Task.video`` set), by zoo name, in tab order."""
-    return {name: task for name, task in all_tasks().items() if task.video is not None}
 
 
 def builtin_modules() -> list[str]:
@@ -246,12 +227,11 @@ def builtin_modules() -> list[str]:
 
 _lock = threading.Lock()
 _tasks: dict[str, Task] = {}
-_builtin: frozenset[str] = frozenset()
 _loaded = False
 
 
 def _load_builtin() -> None:
-    global _loaded, _builtin
+    global _loaded
     with _lock:
         if _loaded:
             return
@@ -261,63 +241,56 @@ def _load_builtin() -> None:
         found.sort(key=lambda t: order.index(t.name) if t.name in order else len(order))
         for task in found:
             _tasks.setdefault(task.name, task)
-        _builtin = frozenset(t.name for t in found)
         _loaded = True
 
 
 def declared() -> dict[str, Task]:
-    """Every declared task by zoo name, in tab order, shown or not (see :meth:`Task.available`)."""
+    """Every declared task by name, in tab order, shown or not (see :meth:`Task.available`)."""
     _load_builtin()
     with _lock:
         return dict(_tasks)
 
 
-def all_tasks() -> dict[str, Task]:
-    """The tasks to show, by zoo name, in tab order (built-ins first, then registered ones):
-    every declared task whose weights can be had here (:meth:`Task.available`)."""
-    return {name: task for name, task in declared().items() if task.available()}
+def all_tasks(checkpoints: Mapping[str, Path] = Checkpoints()) -> dict[str, Task]:
+    """The tasks to show, by name, in tab order (built-ins first, then registered ones): every
+    declared task whose weights can be had here with these explicit ``checkpoints``."""
+    return {name: task for name, task in declared().items() if task.available(checkpoints)}
+
+
+def video_tasks(checkpoints: Mapping[str, Path] = Checkpoints()) -> dict[str, Task]:
+    """The shown tasks that run on clips (``Task.video`` set), by name, in tab order."""
+    return {name: task for name, task in all_tasks(checkpoints).items() if task.video is not None}
 
 
 def get(name: str) -> Task:
-    """A task by zoo name or API name ("pretrain" or "features"), shown or not; OptionError lists
-    the names."""
+    """A task by its name, shown or not: the one look-up, where a request names a task.
+    OptionError lists the names of the tasks shown."""
     tasks = declared()
-    if isinstance(name, str):
-        if name in tasks:
-            return tasks[name]
-        for task in tasks.values():
-            if task.api_name == name:
-                return task
-    names = ", ".join(t.api_name for t in all_tasks().values())
+    if isinstance(name, str) and name in tasks:
+        return tasks[name]
+    names = ", ".join(all_tasks())
     raise OptionError(f"Unknown task {name!r}; choose one of: {names}.")
+
+
+def _declared_task(name: str) -> Task:
+    """A pickled task in the process that unpickles it (a GPU worker: a fork of the server)."""
+    return declared()[name]
 
 
 def register(task: Task) -> Task:
     """Add a task (after the built-ins); its zoo row joins ``sapiens2.models.zoo.TASKS`` when new."""
     _load_builtin()
     with _lock:
-        taken = {t.api_name for t in _tasks.values()} | set(_tasks)
-        if task.name in taken or task.api_name in taken:
-            raise OptionError(f"A task named {task.name!r} / {task.api_name!r} is already registered.")
+        if task.name in _tasks:
+            raise OptionError(f"A task named {task.name!r} is already registered.")
         ZOO.setdefault(task.name, task.spec)
         _tasks[task.name] = task
     return task
 
 
-def unregister(name: str) -> None:
-    """Remove a registered task and its zoo row (tests; built-ins stay)."""
-    with _lock:
-        task = _tasks.get(name)
-        if task is None or name in _builtin:
-            return
-        del _tasks[name]
-        if ZOO.get(name) is task.spec:
-            del ZOO[name]
-
-
 __all__ = [
-    "TASK_CHECKPOINTS_ENV",
     "Compare",
+    "FileGroup",
     "OnDemand",
     "Switch",
     "Task",
@@ -326,11 +299,8 @@ __all__ = [
     "all_tasks",
     "builtin_modules",
     "declared",
-    "forward_seconds",
     "get",
     "local_checkpoint_found",
-    "on_demand",
     "register",
-    "unregister",
     "video_tasks",
 ]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -18,10 +17,12 @@ import torch
 from ..errors import CheckpointError, OptionError, WeightsUnavailableError
 from ..inputs.intake import Intake
 from ..inputs.network import letterbox_release, stretch_release
+from ..models.cost import Work
 from ..models.zoo import get_task
 from .base import Pipeline
 from .dense import DensePrep
-from .registry import forward_seconds
+from .registry import Task
+from .seg import TASK as SEG
 from .seg import SegPipeline
 
 SegSource = SegPipeline | Callable[[], SegPipeline] | None
@@ -72,18 +73,9 @@ class SegMaskedPipeline(Pipeline):
 
     #: what the notice says is done instead when the seg model is unavailable
     seg_fallback: ClassVar[str] = ""
+    parts = {"seg": None}
 
-    def __init__(
-        self,
-        size: str | None = None,
-        *,
-        model: torch.nn.Module | None = None,
-        checkpoint: str | Path | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        seg: SegSource = None,
-    ) -> None:
-        super().__init__(size, model=model, checkpoint=checkpoint, device=device, dtype=dtype)
+    def attach(self, seg: SegSource = None) -> None:
         self.seg = LazySeg(seg, self)
 
     def _seg_pipe(self, notices: list[str]) -> SegPipeline | None:
@@ -128,14 +120,14 @@ class SegMaskedPipeline(Pipeline):
 
 def seg_borrowing(
     option: str, default: bool
-) -> tuple[Callable[[Mapping[str, Any]], tuple[str, ...]], Callable[[str, int, Mapping[str, Any]], float]]:
-    """A borrowing task's ``needs`` and ``gpu_seconds`` declaration fields: it borrows seg when its
-    bool ``option`` (default ``default``) is on, and then runs two forwards instead of one."""
+) -> tuple[Callable[[Mapping[str, Any]], tuple[Task, ...]], Callable[[Mapping[str, Any]], Work]]:
+    """A borrowing task's ``needs`` and ``work`` declaration fields: it borrows seg when its bool
+    ``option`` (default ``default``) is on, and then runs the seg model's forward too."""
 
-    def needs(infer_opts: Mapping[str, Any]) -> tuple[str, ...]:
-        return (SegPipeline.task,) if infer_opts.get(option, default) else ()
+    def needs(infer_opts: Mapping[str, Any]) -> tuple[Task, ...]:
+        return (SEG,) if infer_opts.get(option, default) else ()
 
-    def gpu_seconds(size: str, pixels: int, infer_opts: Mapping[str, Any]) -> float:
-        return forward_seconds(size, 1 + len(needs(infer_opts)))
+    def work(infer_opts: Mapping[str, Any]) -> Work:
+        return Work(borrowed=len(needs(infer_opts)))
 
-    return needs, gpu_seconds
+    return needs, work

@@ -41,7 +41,7 @@ from ..serving.present import PREVIEW_SIDE, Stages, run_info
 from ..tasks import registry
 from ..tasks.options import Option
 from ..tasks.registry import OnDemand, Task
-from .gpu import device_call, device_many
+from .gpu import gpu_device
 
 log = logging.getLogger("sapiens2.app")
 
@@ -151,9 +151,8 @@ class Runner:
         self.requests = RequestRunner(
             manager,
             folders,
-            device_call(manager),
+            gpu_device(manager),
             announce=gr.Info,
-            device_many=device_many(manager),
             preview_side=PREVIEW_SIDE,
             later=True,  # the full-resolution mesh and cloud only when asked (Task.on_demand)
         )
@@ -165,40 +164,38 @@ class Runner:
         gr.set_static_paths([root])
 
     def __call__(
-        self, task: str, photo: Any, size: str | None, progress: Any = None, **options: Any
+        self, task: Task, photo: Any, size: str | None, progress: Any = None, **options: Any
     ) -> Presented:
         with reported(self.manager):
             shown = self.requests.run(task, photo, size, stages=stage_progress(progress), **options)
         warn(shown.notices)
         return shown
 
-    def make(self, api_name: str, ref: Any) -> tuple[list[str], RunInfo]:
+    def make(self, task: Task, entry: OnDemand, ref: Any) -> tuple[list[str], RunInfo]:
         """An earlier result's on-demand files (e.g. the full-resolution mesh) and their run info."""
         stages = Stages()
         with reported(self.manager):
-            files, head = self.requests.make(api_name, ref, stages)
+            files, head = self.requests.make(task, entry, ref, stages)
         return [str(p) for p in files], RunInfo(head, stages)
 
-    def compare(self, task: str, photo_a: Any, photo_b: Any, size: str | None) -> tuple[float, str]:
+    def compare(self, task: Task, photo_a: Any, photo_b: Any, size: str | None) -> tuple[float, str]:
         with reported(self.manager):
             score, line, notices = self.requests.compare(task, photo_a, photo_b, size)
         warn(notices)
         return score, line
 
     def run_all(
-        self, photo: Any, jobs: list[tuple[str, str | None, dict[str, Any]]]
+        self, photo: Any, jobs: list[tuple[Task, str | None, dict[str, Any]]]
     ) -> tuple[dict[str, Presented | Sapiens2Error], RunInfo]:
-        """Every task on one photo: task -> result shown (or the error object), and a status line
-        (with each task's seconds)."""
-        from ..tasks import registry
-
+        """Every task on one photo: task name -> result shown (or the error object), and a status
+        line (with each task's seconds)."""
         t0 = time.perf_counter()
         with reported(self.manager):
             shown = self.requests.run_all(photo, {task: (size, opts) for task, size, opts in jobs})
         failed = {t: v for t, v in shown.items() if isinstance(v, Sapiens2Error)}
         if any(isinstance(v, OutOfMemoryError) for v in failed.values()):
             self.manager.trim()  # later tasks loaded models again after the failure's trim
-        title = {t: registry.get(t).tab for t in shown}
+        title = {task.name: task.tab for task, _, _ in jobs}
         if failed and len(failed) == len(jobs):
             lines = dict.fromkeys(
                 str(v) if "Not run:" in str(v) else f"{title[t]}: {v}" for t, v in failed.items()
@@ -276,7 +273,7 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
     def endpoint(*args: Any) -> list[Any]:
         photo, size, *values = args[: 2 + len(names)]
         progress = args[2 + len(names)] if len(args) > 2 + len(names) else None
-        return outputs_of(run(task.name, photo, size, progress, **dict(zip(names, values, strict=True))))
+        return outputs_of(run(task, photo, size, progress, **dict(zip(names, values, strict=True))))
 
     doc = _docstring(
         task.summary,
@@ -286,11 +283,11 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
     return _endpoint(endpoint, task.api_name, ["photo", "size", *names], doc)
 
 
-def on_demand_endpoint(run: Runner, entry: OnDemand) -> Callable[..., Any]:
+def on_demand_endpoint(run: Runner, task: Task, entry: OnDemand) -> Callable[..., Any]:
     """``f(result)`` -> (the files made, run info)."""
 
     def endpoint(*args: Any) -> tuple[list[str], RunInfo]:
-        return run.make(entry.api_name, args[0])
+        return run.make(task, entry, args[0])
 
     doc = _docstring(
         entry.summary,
@@ -305,7 +302,7 @@ def compare_endpoint(run: Runner, task: Task) -> Callable[..., Any]:
 
     def endpoint(*args: Any) -> tuple[float, str]:
         photo, other, size = args[:3]
-        return run.compare(task.name, photo, other, size)
+        return run.compare(task, photo, other, size)
 
     doc = _docstring(
         task.compare.help,
@@ -342,7 +339,7 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
         jobs = []
         for task in tasks.values():
             options = {o.name: values[p] for t, p, o in params if t is task and o is not None}
-            jobs.append((task.name, values[f"{task.api_name}_size"], options))
+            jobs.append((task, values[f"{task.api_name}_size"], options))
         shown, status = run.run_all(photo, jobs)
         out: list[Any] = []
         for task in tasks.values():

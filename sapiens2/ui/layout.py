@@ -120,7 +120,7 @@ def on_demand_block(run: Runner, task: Task, entry: OnDemand, downloads: gr.File
         follow, inputs=downloads, outputs=[result, button, files, info], api_visibility="private"
     )
     button.click(
-        on_demand_endpoint(run, entry),
+        on_demand_endpoint(run, task, entry),
         inputs=[result],
         outputs=[files, info],
         api_name=entry.api_name,
@@ -137,7 +137,7 @@ def task_tab(run: Runner, task: Task, photo: gr.Image, examples: list[str]) -> T
     with gr.Tab(task.tab, id=task.api_name):
         with gr.Row():
             with gr.Column(scale=1):
-                size = size_dropdown(manager.sizes(task.name), manager.default_size(task.name))
+                size = size_dropdown(manager.sizes(task), manager.default_size(task))
                 parts = TabParts(
                     task, [size, *(option_widget(o, manager.cuda) for o in task.options)], outputs
                 )

@@ -1,11 +1,11 @@
 """The Video tab and its endpoints: ``/video`` (run a clip) and ``/video_plan`` (check a clip and
 estimate the run before starting it). Requests go through ``sapiens2.serving.video``; the GPU
-work through the app's one GPU entry (``sapiens2.ui.gpu``), one call per batch.
+work through the app's one GPU entry (``sapiens2.ui.gpu``), one call per clip.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gradio as gr
@@ -13,10 +13,10 @@ import gradio as gr
 from ..errors import OptionError
 from ..inputs.limits import MAX_FILE_BYTES
 from ..serving.video import VideoRequests
-from ..tasks import registry
+from ..tasks.registry import Task
 from ..video.handlers import TrackingOptions
 from ..video.reader import VideoLimits
-from .gpu import device_call, device_video
+from .gpu import gpu_device
 from .handlers import Runner, reported, warn
 from .inputs import clip_input
 from .motion_mode import add_motion_mode
@@ -50,35 +50,33 @@ def _whole(value: Any, name: str, default: int) -> int:
     return value
 
 
-def _task_name(task: Any) -> str:
-    """A video task (one whose declaration sets ``video``) by API name, zoo name or tab label."""
-    tasks = registry.video_tasks()
+def _task_name(task: Any, tasks: Mapping[str, Task]) -> str:
+    """A video task (one of ``tasks``, the server's video tasks) by its name or tab label."""
     for decl in tasks.values():
-        if task in (decl.name, decl.api_name, decl.tab):
+        if task in (decl.name, decl.tab):
             return decl.name
-    names = ", ".join(t.api_name for t in tasks.values())
+    names = ", ".join(tasks)
     raise OptionError(f"Video runs the tasks {names}; got {task!r}.")
 
 
-def default_task() -> str:
-    """The API name of the tab's first video task (the first in tab order)."""
-    tasks = registry.video_tasks()
+def default_task(tasks: Mapping[str, Task]) -> str:
+    """The name of the tab's first video task (the first in tab order)."""
     if not tasks:
         raise OptionError("No task declares video.")
-    return next(iter(tasks.values())).api_name
+    return next(iter(tasks))
 
 
-def task_choices() -> list[tuple[str, str]]:
-    """The tab's task radio: (tab label, API name) of every shown task that declares video."""
-    return [(t.tab, t.api_name) for t in registry.video_tasks().values()]
+def task_choices(tasks: Mapping[str, Task]) -> list[tuple[str, str]]:
+    """The tab's task radio: (tab label, name) of every video task the server shows."""
+    return [(t.tab, t.name) for t in tasks.values()]
 
 
-def _task_list() -> str:
-    return ", ".join(t.api_name for t in registry.video_tasks().values())
+def _task_list(tasks: Mapping[str, Task]) -> str:
+    return ", ".join(tasks)
 
 
-def _tracking_tasks() -> str:
-    names = [t.api_name for t in registry.video_tasks().values() if t.video and t.video.detect]
+def _tracking_tasks(tasks: Mapping[str, Task]) -> str:
+    names = [t.name for t in tasks.values() if t.video and t.video.detect]
     return " and ".join(names) or "tasks that detect people"
 
 
@@ -87,22 +85,18 @@ class VideoEndpoints:
 
     def __init__(self, run: Runner, limits: VideoLimits = APP_VIDEO_LIMITS) -> None:
         self.manager = run.manager
+        self.tasks = run.manager.video_tasks()  # the video tasks this server shows
         self.requests = VideoRequests(
-            run.manager,
-            run.requests.folders,
-            device_call(run.manager),
-            limits,
-            announce=gr.Info,
-            device_video=device_video(run.manager),
+            run.manager, run.requests.folders, gpu_device(run.manager), limits, announce=gr.Info
         )
 
     def size_label(self, job: Any) -> str:
         """The model's size as the photo tabs label it ("custom" for a --checkpoint model)."""
-        return self.manager.key(job.task.name, job.size)[1]
+        return self.manager.key(job.task, job.size)[1]
 
     def job(self, clip: Any, task: Any, size: Any, stride: Any, max_frames: Any, **tracking: Any) -> Any:
         return self.requests.job(
-            _task_name(task),
+            self.tasks[_task_name(task, self.tasks)],
             clip,
             size,
             stride=_whole(stride, "stride", 1),
@@ -164,7 +158,7 @@ class VideoEndpoints:
 
 
 def video_endpoint(ends: VideoEndpoints) -> Callable[..., list[Any]]:
-    first = default_task()
+    first = default_task(ends.tasks)
 
     def video(
         clip: Any,
@@ -184,18 +178,18 @@ def video_endpoint(ends: VideoEndpoints) -> Callable[..., list[Any]]:
 
         Args:
             clip: the video file (MP4, WebM, MOV or GIF), uploaded to this app.
-            task: one of {_task_list()}.
+            task: one of {_task_list(ends.tasks)}.
             size: model size (None: the task's default on this server).
             stride: process every stride-th frame (1 = all); the output keeps the clip's duration.
             max_frames: stop with an error if more frames than this would be processed (None: the server's limit).
-            detect_every: {_tracking_tasks()}: run the person detector on every K-th processed frame; boxes are tracked in between.
-            smoothing: {_tracking_tasks()}: smooth keypoints over time per person (One-Euro filter).
+            detect_every: {_tracking_tasks(ends.tasks)}: run the person detector on every K-th processed frame; boxes are tracked in between.
+            smoothing: {_tracking_tasks(ends.tasks)}: smooth keypoints over time per person (One-Euro filter).
         """
     return video
 
 
 def plan_endpoint(ends: VideoEndpoints) -> Callable[..., str]:
-    first = default_task()
+    first = default_task(ends.tasks)
 
     def video_plan(
         clip: Any, task: str = first, size: str | None = None, stride: int = 1, max_frames: int | None = None
@@ -206,7 +200,7 @@ def plan_endpoint(ends: VideoEndpoints) -> Callable[..., str]:
 
         Args:
             clip: the video file (MP4, WebM, MOV or GIF), uploaded to this app.
-            task: one of {_task_list()}.
+            task: one of {_task_list(ends.tasks)}.
             size: model size (None: the task's default).
             stride: process every stride-th frame.
             max_frames: the most frames to process (None: the server's limit).
@@ -219,15 +213,15 @@ def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_
     the frames read and the result side by side, downloads and a summary."""
     ends = VideoEndpoints(run, limits)
     manager = run.manager
-    choices = task_choices()
-    first = default_task()
+    choices = task_choices(ends.tasks)
+    first = default_task(ends.tasks)
     with gr.Tab("Video", id="video"):
         with gr.Row():
             with gr.Column(scale=1):
                 clip = clip_input(label="Clip (MP4, WebM, MOV or GIF)", elem_id="video-clip")
                 task = checked_by_package(gr.Radio(choices, value=first, label="Task"))
-                first_name = _task_name(first)
-                size = size_dropdown(manager.sizes(first_name), manager.default_size(first_name))
+                first_task = ends.tasks[first]
+                size = size_dropdown(manager.sizes(first_task), manager.default_size(first_task))
                 stride = checked_by_package(gr.Slider(1, STRIDE_MAX, value=1, step=1, label="Frame stride"))
                 max_frames = checked_by_package(
                     gr.Slider(1, limits.max_frames, value=limits.max_frames, step=1, label="Max frames")
@@ -253,8 +247,8 @@ def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_
                 )  # fmt: skip
 
     def sizes(task_value: str) -> Any:
-        name = _task_name(task_value)
-        return gr.Dropdown(choices=list(manager.sizes(name)), value=manager.default_size(name))
+        chosen = ends.tasks[_task_name(task_value, ends.tasks)]
+        return gr.Dropdown(choices=list(manager.sizes(chosen)), value=manager.default_size(chosen))
 
     task.change(sizes, inputs=task, outputs=size, api_visibility="private")
     planned = [clip, task, size, stride, max_frames]

@@ -25,6 +25,7 @@ from ..errors import OptionError
 from ..outputs.export import safe_path
 from ..outputs.render import draw_pose, pose_style
 from ..tasks import registry
+from ..tasks.registry import Task
 from .depth import foreground_depth, global_depth_bounds, render_depth_frame
 from .depth_align import DepthAligner
 from .exports import (
@@ -57,14 +58,14 @@ class FrameHandler:
 
     @classmethod
     def build(
-        cls, task: registry.Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
+        cls, task: Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
     ) -> FrameHandler:
         """The handler for ``task``'s clip; ``kw``: raw_cap, tracking, detect, detect_many,
         depth_percentiles (each kind takes what it needs)."""
         raise NotImplementedError  # pragma: no cover - every kind overrides it
 
     @staticmethod
-    def render_kwargs(task: registry.Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
+    def render_kwargs(task: Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
         """The task's rendering options as this handler takes them (the result's render())."""
         return task.render_args(render_opts)
 
@@ -102,11 +103,10 @@ class FrameHandler:
         return {}
 
 
-def raw_fields(task: str) -> dict[str, Any]:
+def raw_fields(task: Task) -> dict[str, Any]:
     """The arrays a clip of ``task`` keeps per frame: result attribute -> dtype (None: as it is),
     from the task's declaration (``Task.video.raw_fields``)."""
-    video = registry.get(task).video
-    return dict(video.raw_fields) if video else {}
+    return dict(task.video.raw_fields) if task.video else {}
 
 
 class DenseFrames(FrameHandler):
@@ -114,13 +114,13 @@ class DenseFrames(FrameHandler):
 
     @classmethod
     def build(
-        cls, task: registry.Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
+        cls, task: Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
     ) -> FrameHandler:
-        return cls(task.name, render, kw["raw_cap"])
+        return cls(task, render, kw["raw_cap"])
 
-    def __init__(self, task: str, render_options: Mapping[str, Any], raw_cap: int) -> None:
+    def __init__(self, task: Task, render_options: Mapping[str, Any], raw_cap: int) -> None:
         super().__init__(render_options, raw_cap)
-        self.task = task
+        self.task = task.name
         self.fields = raw_fields(task)
 
     def keep_raw(self, result: Any) -> None:
@@ -165,16 +165,16 @@ class DepthFrames(DenseFrames):
 
     @classmethod
     def build(
-        cls, task: registry.Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
+        cls, task: Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
     ) -> FrameHandler:
-        return cls(task.name, render, kw["raw_cap"], kw["depth_percentiles"])
+        return cls(task, render, kw["raw_cap"], kw["depth_percentiles"])
 
     @staticmethod
-    def render_kwargs(task: registry.Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
+    def render_kwargs(task: Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
         return {}  # coloured with the clip's bounds: no options
 
     def __init__(
-        self, task: str, render_options: Mapping[str, Any], raw_cap: int, percentiles: tuple[float, float]
+        self, task: Task, render_options: Mapping[str, Any], raw_cap: int, percentiles: tuple[float, float]
     ) -> None:
         super().__init__(task, render_options, raw_cap)
         self.percentiles = percentiles
@@ -297,7 +297,7 @@ class PoseFrames(FrameHandler):
 
     @classmethod
     def build(
-        cls, task: registry.Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
+        cls, task: Task, pipe: Any, options: Mapping[str, Any], render: Mapping[str, Any], **kw: Any
     ) -> FrameHandler:
         hook = task.video.detect if task.video else None
         detect = kw["detect"] or (hook(pipe, options) if hook else None)
@@ -305,27 +305,27 @@ class PoseFrames(FrameHandler):
             raise OptionError(
                 f"The {task.api_name} video needs person boxes: its declaration has no detect hook."
             )
-        return cls(task.name, render, kw["raw_cap"], kw["tracking"], detect, kw["detect_many"])
+        return cls(task, render, kw["raw_cap"], kw["tracking"], detect, kw["detect_many"])
 
     @staticmethod
-    def render_kwargs(task: registry.Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
+    def render_kwargs(task: Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
         return dict(render_opts)  # the photo's names, checked against the declaration's here
 
     def __init__(
         self,
-        task: str,
+        task: Task,
         render_options: Mapping[str, Any],
         raw_cap: int,
         tracking: TrackingOptions,
         detect: Detect,
         detect_many: DetectMany | None = None,
     ) -> None:
-        self.task = task
-        opts = registry.get(task).video_render_defaults()  # the declaration's, plus video's
+        self.task = task.name
+        opts = task.video_render_defaults()  # the declaration's, plus video's
         unknown = set(render_options) - set(opts)
         if unknown:
             raise OptionError(
-                f"Unknown {task} video render option(s) {sorted(unknown)}; allowed: {sorted(opts)}."
+                f"Unknown {task.name} video render option(s) {sorted(unknown)}; allowed: {sorted(opts)}."
             )
         super().__init__({**opts, **render_options}, raw_cap)
         self.tracking, self.detect, self.detect_many = tracking, detect, detect_many
@@ -425,9 +425,10 @@ class PoseFrames(FrameHandler):
 HANDLERS: dict[str, type[FrameHandler]] = {"frames": DenseFrames, "depth": DepthFrames, "tracks": PoseFrames}
 
 
-def handler_class(task: registry.Task) -> type[FrameHandler]:
-    """The handler class a task's video declaration names (OptionError when it runs no video)."""
+def handler_class(task: Task, offered: Mapping[str, Task] | None = None) -> type[FrameHandler]:
+    """The handler class a task's video declaration names; OptionError when it runs no video,
+    naming the video tasks ``offered`` (default: every shown one)."""
     if task.video is None:
-        names = ", ".join(t.api_name for t in registry.video_tasks().values())
-        raise OptionError(f"Video runs the tasks {names}; got {task.api_name!r}.")
+        names = ", ".join(offered if offered is not None else registry.video_tasks())
+        raise OptionError(f"Video runs the tasks {names}; got {task.name!r}.")
     return HANDLERS[task.video.handler]

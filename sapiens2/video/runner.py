@@ -37,6 +37,7 @@ from ..inputs.intake import Intake, load_image
 from ..outputs.export import file_stem, safe_path
 from ..tasks import registry
 from ..tasks.base import run_batch
+from ..tasks.registry import Task
 from .exports import RAW_CAP_BYTES
 from .handlers import Detect, DetectMany, FrameHandler, TrackingOptions, handler_class
 from .reader import VideoInfo, VideoLimits, check_stride, iter_frames, planned_frames, probe_video
@@ -238,7 +239,7 @@ def iter_video(
     source: str | Path,
     out_dir: str | Path,
     *,
-    task: str | None = None,
+    task: Task | str | None = None,
     stride: int = 1,
     limits: VideoLimits = VideoLimits(),
     batch_size: int = 8,
@@ -347,17 +348,15 @@ def has_audio(path: str | Path, chunk: int = 4 * 1024 * 1024) -> bool:
     return False
 
 
-def _checked(
-    task: Any, batch_size: Any, options: Mapping[str, Any] | None
-) -> tuple[registry.Task, dict[str, Any]]:
+def _checked(task: Any, batch_size: Any, options: Mapping[str, Any] | None) -> tuple[Task, dict[str, Any]]:
     """The task's declaration and the inference options, after checking the task (it declares
-    ``video``), the batch size and the options."""
-    try:
-        decl = registry.get(task) if isinstance(task, str) else None
-    except OptionError:
-        decl = None
+    ``video``), the batch size and the options. A name (the library's ``run_video(pipe, ...)``,
+    whose pipeline names its task) is looked up here, once."""
+    decl = task if isinstance(task, Task) else None
+    if isinstance(task, str):
+        decl = registry.declared().get(task)
     if decl is None or decl.video is None:
-        names = ", ".join(t.api_name for t in registry.video_tasks().values())
+        names = ", ".join(registry.video_tasks())
         raise OptionError(f"Video runs the tasks {names}; got {task!r}.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
         raise OptionError(f"batch_size must be a whole number from 1 to {MAX_BATCH}, got {batch_size!r}.")

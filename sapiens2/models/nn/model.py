@@ -92,7 +92,7 @@ def arch_from_shapes(shapes: Shapes) -> ArchInfo:
 
 
 def _bare_backbone_task() -> str:
-    """The zoo task whose checkpoints are the bare backbone (no head): "pretrain"."""
+    """The zoo task whose checkpoints are the bare backbone (no head): "features"."""
     return next(spec.name for spec in TASKS.values() if spec.head is None)
 
 
@@ -102,7 +102,7 @@ class Sapiens2TaskModel(nn.Module):
     def __init__(self, info: ArchInfo, rope_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if info.head is None:
-            raise ValueError("a task model needs a head; use Sapiens2FeatureModel for 'pretrain'")
+            raise ValueError("a task model needs a head; use Sapiens2FeatureModel for 'features'")
         self.task: str = info.task
         self.size: str | None = info.size
         self.arch = info
@@ -127,7 +127,7 @@ class Sapiens2TaskModel(nn.Module):
 
 
 class Sapiens2FeatureModel(Backbone):
-    """The bare backbone (task 'pretrain'; checkpoint keys carry no prefix)."""
+    """The bare backbone (task 'features'; checkpoint keys carry no prefix)."""
 
     def __init__(self, info: ArchInfo, rope_dtype: torch.dtype | None = None) -> None:
         super().__init__(info.backbone, rope_dtype)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data.metadata import FLIP_INDEX, NUM_KEYPOINTS
 from ..errors import OptionError
 
 
@@ -185,7 +186,7 @@ def heatmap_to_crop(
 
     The release writes ``x * W/(w-1)`` and then maps to the image with ``kp/W * scale + c -
     scale/2``; the composition equals this scaling followed by the exact inverse of the UDP crop
-    warp (:func:`sapiens2.tasks.pose_crops.warp_matrix`), which is what the pipeline applies.
+    warp (:func:`sapiens2.ops.pose_crops.warp_matrix`), which is what the pipeline applies.
     """
     h, w = heatmap_hw
     ih, iw = input_hw
@@ -193,4 +194,36 @@ def heatmap_to_crop(
     return keypoints * f.to(keypoints.device)
 
 
-__all__ = ["blur_keep_max", "decode_checked", "decode_heatmaps", "flip_back", "heatmap_to_crop", "merge_flip"]
+def decode_crops(
+    heatmaps: torch.Tensor, flip_test: bool, crop_hw: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A forward's heatmaps of N crops (2N with ``flip_test``: the mirrored crops after the plain
+    ones) -> (N, 308, 2) keypoints in crop pixels, (N, 308) scores and (N,) counts of non-finite
+    heatmaps. Decoding runs in float32 on the heatmaps' device; only the final arrays come back."""
+    # float32 before the flip average and the decoding: a bf16 model's heatmaps hold 8
+    # significant bits, which the averaging and DARK's log-derivatives must not lose more of
+    heatmaps = heatmaps.float()
+    if heatmaps.shape[1] != NUM_KEYPOINTS:
+        raise OptionError(
+            f"The pose model returned {heatmaps.shape[1]} heatmaps; this pipeline expects {NUM_KEYPOINTS}."
+        )
+    p = heatmaps.shape[0] // 2 if flip_test else heatmaps.shape[0]
+    # maps holding NaN/inf, per crop (the decoder treats those values as 0)
+    bad = (~torch.isfinite(heatmaps)).flatten(2).any(-1).sum(1)
+    if flip_test:
+        bad = bad[:p] + bad[p:]
+        heatmaps = merge_flip(heatmaps[:p], heatmaps[p:], FLIP_INDEX)
+    kp_hm, scores, _ = decode_checked(heatmaps)
+    kp_crop = heatmap_to_crop(kp_hm, tuple(heatmaps.shape[-2:]), crop_hw)
+    return kp_crop.cpu().numpy(), scores.cpu().numpy().astype(np.float32), bad.cpu().numpy()
+
+
+__all__ = [
+    "blur_keep_max",
+    "decode_checked",
+    "decode_crops",
+    "decode_heatmaps",
+    "flip_back",
+    "heatmap_to_crop",
+    "merge_flip",
+]

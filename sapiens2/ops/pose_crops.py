@@ -180,6 +180,16 @@ def crop_people(
     return network_input.normalize(_grid_crops(img, info, dev), dtype), info
 
 
+def crops_to_device(
+    crops: np.ndarray, boxes: np.ndarray, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, CropInfo]:
+    """(N, H, W, 3) uint8 crops made by :func:`warp_crops` -> normalised on ``device``, with the
+    geometry of ``boxes`` at their size."""
+    pixels = torch.from_numpy(crops).permute(0, 3, 1, 2)
+    x = network_input.normalize(network_input.to_device(pixels, device), dtype)
+    return x, crop_geometry(boxes, crops.shape[1:3])
+
+
 def _grid_crops(img: np.ndarray, info: CropInfo, dev: torch.device) -> torch.Tensor:
     src = network_input.to_device(img, dev).float()  # (1, 3, H, W)
     h, w = src.shape[-2:]
@@ -217,6 +227,7 @@ __all__ = [
     "box_to_center_scale",
     "crop_geometry",
     "crop_people",
+    "crops_to_device",
     "invert_affine",
     "inverse_warp_matrix",
     "warp_crops",

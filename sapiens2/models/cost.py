@@ -1,0 +1,129 @@
+"""What a run costs: the seconds of GPU one call reserves, and the seconds a clip takes on a CPU.
+
+One module holds the whole model. A task declares only the shape of its work (:class:`Work`:
+forwards per image, one crop per person, the person detector); the models it borrows count as
+more forwards; the FLOPs per size come from the zoo. The server combines: one call's
+reservation is :func:`reservation` of the work of everything in the call and of the weights a
+fresh worker must move first. ZeroGPU's own arithmetic (the node's duration factor, what a
+visitor's quota is charged) stays in :mod:`sapiens2.zerogpu.quota`.
+
+Each constant is an estimate with a margin; what ``bench/gpu.py`` checked on a GPU, and what only
+ZeroGPU can show, is in docs/PERFORMANCE.md ("GPU figures and their targets"). ``bench/gpu.py``
+reads ``CUDA_INIT_S``, ``MOVE_BYTES_PER_S`` and ``SUSTAINED_TFLOPS`` by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..zerogpu.quota import DAILY_QUOTA_S, duration_factor
+from .zoo import ARCHS
+
+#: Seconds a fresh worker spends starting CUDA (and ZeroGPU's fork) before the first tensor moves.
+CUDA_INIT_S = 3.0
+#: Bytes per second a fresh worker moves to the GPU: ZeroGPU reads the packed weights from disk
+#: first, and that read, not PCIe, bounds it.
+MOVE_BYTES_PER_S = 1.5e9
+#: Sustained rate of a forward on a ZeroGPU slice (half a GPU), in the zoo's FLOP figures.
+SUSTAINED_TFLOPS = 50.0
+#: Fixed seconds of one call's device work besides its forwards (input moves, kernel launches).
+CALL_OVERHEAD_S = 0.5
+#: The 1b-4k backbone has no published FLOPs: 16x the tokens of a 1b forward.
+TFLOPS_1B_4K = 16 * 4.715
+#: A photo's person detection (DETR at its own resolution, with its pre- and post-processing).
+DETECT_PHOTO_S = 1.0
+#: One person detection inside a clip's call (frames are small: mostly pre/post-processing).
+DETECT_GPU_S = 0.25
+#: People per frame a clip's reservation assumes for a task that crops each person.
+VIDEO_PEOPLE = 2
+#: Seconds per frame of the host work inside a clip's call: decode, prepare, finish, render and
+#: two VP8 encodes (the run measures its own).
+FRAME_HOST_S = 0.15
+#: Never ask for less than a worker's bare start.
+MIN_CALL_S = 5
+#: Never ask for more than a visitor without an account can start on the slowest node: the
+#: request times the node's factor must fit that visitor's daily quota, or it is refused unrun.
+MAX_CALL_S = int(DAILY_QUOTA_S["anonymous"] // duration_factor())
+#: Multiply-accumulates per second of a forward on a 2-core CPU (docs/PERFORMANCE.md).
+CPU_MACS_PER_S = 3.0e10
+#: Seconds a frame costs on a CPU besides the backbone: heads, resizes, finish, render and two VP8
+#: encodes (docs/PERFORMANCE.md, "Numbers behind the code").
+CPU_FRAME_OVERHEAD_S = 5.0
+
+
+@dataclass(frozen=True)
+class Work:
+    """The shape of one image's device work, as a task declares it for a request's options.
+
+    ``forwards``: forwards of the task's own model per image (per person with ``people``).
+    ``people``: None when the image is one input; else the task crops each person, at most this
+    many on a photo (a clip assumes :data:`VIDEO_PEOPLE`). ``detector``: people are found by the
+    person detector first. ``borrowed``: forwards of other tasks' models per image (the body-part
+    segmentation a foreground needs)."""
+
+    forwards: int = 1
+    people: int | None = None
+    detector: bool = False
+    borrowed: int = 0
+
+
+def tflops(size: str) -> float:
+    """Published FLOPs (in the zoo's units) of one forward of ``size`` at the network input."""
+    arch = ARCHS.get(size)
+    return arch.tflops_1024x768 if arch and arch.tflops_1024x768 else TFLOPS_1B_4K
+
+
+def forward_seconds(size: str, images: int = 1) -> float:
+    """Generous seconds of GPU for one call's forwards of ``images`` inputs of a backbone size."""
+    return CALL_OVERHEAD_S + images * tflops(size) / SUSTAINED_TFLOPS
+
+
+def photo_seconds(size: str, work: Work) -> float:
+    """Seconds of device work for one photo (start-up excluded): one forward of every crop (or the
+    image) and of each borrowed model together, plus the detector."""
+    images = work.forwards * (work.people or 1) + work.borrowed
+    return forward_seconds(size, images) + (DETECT_PHOTO_S if work.detector else 0.0)
+
+
+def clip_seconds(size: str, work: Work, frames: int, batch: int, detect_every: int) -> float:
+    """Seconds of device work of a clip's one call for ``frames`` frames (start-up excluded):
+    forwards in batches of ``batch`` frames for the task's model and each borrowed one, a person
+    detection every ``detect_every`` frames (with the detector), and the frames' host work."""
+    per_frame = work.forwards * (VIDEO_PEOPLE if work.people else 1)
+    models = 1 + work.borrowed
+    full, last = divmod(frames, batch)
+    seconds = full * forward_seconds(size, batch * per_frame) * models
+    seconds += forward_seconds(size, last * per_frame) * models if last else 0.0
+    if work.detector:
+        seconds += DETECT_GPU_S * math.ceil(frames / detect_every)
+    return seconds + FRAME_HOST_S * frames
+
+
+def weight_bytes(sizes: Iterable[str | None]) -> int:
+    """bf16 bytes of the published weights of models of these sizes (0 for an unknown size)."""
+    return int(sum(2e9 * ARCHS[s].params_b for s in sizes if s in ARCHS))
+
+
+def start_seconds(resident_bytes: int) -> float:
+    """A fresh worker's start: CUDA, then moving ``resident_bytes`` of weights to the GPU."""
+    return CUDA_INIT_S + resident_bytes / MOVE_BYTES_PER_S
+
+
+def reservation(work_s: float, resident_bytes: int) -> int:
+    """THE reservation of one GPU call: a fresh worker's start with ``resident_bytes`` resident,
+    plus ``work_s`` seconds of device work; whole seconds, rounded up, within
+    [MIN_CALL_S, MAX_CALL_S]. Every GPU call of the app asks for this (ZeroGPU then multiplies
+    it by its node's duration factor when it checks the visitor's quota)."""
+    return clamp(start_seconds(resident_bytes) + max(0.0, float(work_s)))
+
+
+def clamp(seconds: float) -> int:
+    """Whole seconds, rounded up, within [MIN_CALL_S, MAX_CALL_S]."""
+    return int(min(MAX_CALL_S, max(MIN_CALL_S, math.ceil(seconds))))
+
+
+def cpu_frame_seconds(macs: float) -> float:
+    """Seconds one frame takes on a CPU whose forwards do ``macs`` multiply-accumulates."""
+    return macs / CPU_MACS_PER_S + CPU_FRAME_OVERHEAD_S

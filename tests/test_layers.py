@@ -1,0 +1,218 @@
+"""The package's folders are its layers: each module imports only from its own layer or lower ones.
+
+The order is defined once, here (docs/DESIGN.md explains it). Every import is read from the source
+(top-level and function-local, ``TYPE_CHECKING`` ones too), so a failure names the file, the line
+and the import that runs up a layer or closes a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "sapiens2"
+
+#: Lowest first. A module may import from its own layer and from any layer before it. ``face``: the
+#: public face at the package root (``__init__``, ``__main__``), which names what users import.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors", "data"}),
+    frozenset({"runtime"}),
+    frozenset({"zerogpu"}),
+    frozenset({"models"}),
+    frozenset({"inputs", "outputs"}),  # the photo in, the files out: side by side (docs/DESIGN.md)
+    frozenset({"ops"}),
+    frozenset({"tasks"}),
+    frozenset({"video"}),
+    frozenset({"serving"}),
+    frozenset({"ui", "cli", "face"}),
+)
+MAX_ROOT_MODULES = 8
+#: Third-party packages only some layers may import: Gradio is the UI's, spaces is ZeroGPU's.
+ONLY_IN = {"gradio": {"ui"}, "gradio_client": {"ui"}, "spaces": {"zerogpu"}}
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, dotted
+    target: str  # what it imports, dotted (a module, or a name in one)
+    line: int
+
+    def where(self) -> str:
+        return f"{self.module.replace('.', '/')}.py:{self.line}"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_of(path: Path) -> str:
+    """The package relative imports in ``path`` start from."""
+    return ".".join(path.relative_to(ROOT).parent.parts)
+
+
+def imports_of(path: Path) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    name = module_name(path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(name, alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package_of(path).split(".")
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join([*base, node.module] if node.module else base)
+            else:
+                prefix = node.module or ""
+            for alias in node.names:
+                # ``from .. import serving`` names a module; ``from ..errors import X`` a name in one
+                candidate = f"{prefix}.{alias.name}"
+                yield Import(name, candidate if is_module(candidate) else prefix, node.lineno)
+
+
+def is_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def layer_of(dotted: str) -> str | None:
+    """The layer of a module of the package (None outside it)."""
+    parts = dotted.split(".")
+    if parts[0] != "sapiens2":
+        return None
+    if len(parts) == 1 or parts[1] == "__main__":
+        return "face"
+    return parts[1]
+
+
+def rank(layer: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if layer in names:
+            return i
+    raise AssertionError(f"sapiens2/{layer} is in no layer: add it to LAYERS in tests/test_layers.py")
+
+
+def package_modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def all_imports() -> list[Import]:
+    return [imp for path in package_modules() for imp in imports_of(path)]
+
+
+def upward_imports() -> list[str]:
+    """Every import that runs up a layer, as ``file:line imports target (layer above layer)``."""
+    bad = []
+    for imp in all_imports():
+        own, theirs = layer_of(imp.module), layer_of(imp.target)
+        if theirs is not None and rank(theirs) > rank(own):
+            bad.append(f"{imp.where()} imports {imp.target} ({theirs}, above {own})")
+    return bad
+
+
+def graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {module_name(p): set() for p in package_modules()}
+    for imp in all_imports():
+        target = imp.target
+        while target and target not in edges:  # a name inside a module: the module
+            target = target.rpartition(".")[0]
+        if target and target != imp.module and layer_of(target) is not None:
+            edges[imp.module].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def test_every_folder_is_a_layer() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    roots = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
+    for name in folders | roots:
+        rank(name)  # raises naming the folder that is in no layer
+
+
+def test_no_module_imports_from_a_layer_above_it() -> None:
+    bad = upward_imports()
+    assert not bad, "imports that run up a layer (tests/test_layers.py LAYERS):\n" + "\n".join(bad)
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_few_modules_at_the_package_root() -> None:
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at the package root: {root}"
+
+
+def test_gradio_and_spaces_stay_in_their_layers() -> None:
+    bad = []
+    for imp in all_imports():
+        top = imp.target.split(".")[0]
+        allowed = ONLY_IN.get(top)
+        if allowed is not None and layer_of(imp.module) not in allowed:
+            bad.append(f"{imp.where()} imports {imp.target} (only {', '.join(sorted(allowed))} may)")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
+    """The parser reads relative, absolute and function-local imports, and the cycle finder finds
+    a cycle, so a passing run means there was nothing to find."""
+    found = {(i.target, i.line) for i in imports_of(PACKAGE / "serving" / "runner.py")}
+    assert any(t.startswith("sapiens2.") for t, _ in found)
+    local = []
+    for path in package_modules():
+        inside = _in_a_function(path)
+        local += [i for i in imports_of(path) if i.target.startswith("sapiens2.") and inside(i.line)]
+    assert local, "no function-local import of the package was read"
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+    assert layer_of("sapiens2.tasks.pose") == "tasks" and layer_of("sapiens2") == "face"
+    assert rank("errors") < rank("models") < rank("tasks") < rank("serving") < rank("ui")
+
+
+def _in_a_function(path: Path) -> Callable[[int], bool]:
+    """Whether a line of ``path`` lies inside one of its functions."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    spans = [(n.lineno, n.end_lineno or 0) for n in ast.walk(tree) if isinstance(n, kinds)]
+    return lambda line: any(a < line <= b for a, b in spans)
