@@ -38,7 +38,6 @@ from ..errors import (
 )
 from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, is_out_of_memory
 from ..serving.present import PREVIEW_SIDE, Stages, run_info
-from ..tasks import registry
 from ..tasks.options import Option
 from ..tasks.registry import OnDemand, Task
 from .gpu import gpu_device
@@ -228,10 +227,10 @@ class Runner:
 # ----------------------------------------------------------------------------- generated endpoints
 
 
-def outputs_of(presented: Presented) -> list[Any]:
+def outputs_of(task: Task, presented: Presented) -> list[Any]:
     """A result's values in its tab's output order: slider pair (the small previews when made),
     views, downloads (the main list, then one per ``Task.file_groups``), run info."""
-    files = [[str(p) for p in group] for group in registry.get(presented.task).group_files(presented.files)]
+    files = [[str(p) for p in group] for group in task.group_files(presented.files)]
     pair = presented.previews or (presented.before, presented.after)
     return [tuple(str(p) if not hasattr(p, "shape") else p for p in pair), *presented.views, *files,
             RunInfo(presented.head, presented.stages, presented.notices)]  # fmt: skip
@@ -273,7 +272,7 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
     def endpoint(*args: Any) -> list[Any]:
         photo, size, *values = args[: 2 + len(names)]
         progress = args[2 + len(names)] if len(args) > 2 + len(names) else None
-        return outputs_of(run(task, photo, size, progress, **dict(zip(names, values, strict=True))))
+        return outputs_of(task, run(task, photo, size, progress, **dict(zip(names, values, strict=True))))
 
     doc = _docstring(
         task.summary,
@@ -345,7 +344,7 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
         for task in tasks.values():
             value = shown.get(task.name)
             empty = [None] * (3 + len(task.views) + len(task.file_groups))
-            out.extend(outputs_of(value) if isinstance(value, Presented) else empty)
+            out.extend(outputs_of(task, value) if isinstance(value, Presented) else empty)
         return [*out, status]
 
     docs = [("photo", "the photo (file).")]
