@@ -63,19 +63,19 @@ def add(parser: argparse.ArgumentParser) -> None:
 def _pipelines(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
-    from ..serving.checkpoints import parse_checkpoint_specs
+    from ..models.checkpoints import Checkpoints
     from ..tasks.pointmap import PointmapPipeline
     from ..tasks.pose import PosePipeline
     from ..tasks.seg import SegPipeline
 
-    ckpt = parse_checkpoint_specs(args.checkpoint)
+    ckpt = Checkpoints.parse(args.checkpoint)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     common = {"device": args.device, "dtype": dtype}
     seg_file = ckpt.get(SegPipeline.task)  # none: the pointmap loads its own seg when it needs it
     seg = None if seg_file is None else SegPipeline(args.size, checkpoint=seg_file, **common)
-    pointmap = PointmapPipeline(args.size, checkpoint=ckpt.get("pointmap"), seg=seg, **common)
+    pointmap = PointmapPipeline(args.size, checkpoint=ckpt.get(PointmapPipeline.task), seg=seg, **common)
     detector = None if args.no_detector else "auto"
-    pose = PosePipeline(args.size, checkpoint=ckpt.get("pose"), detector=detector, **common)
+    pose = PosePipeline(args.size, checkpoint=ckpt.get(PosePipeline.task), detector=detector, **common)
     return pose, pointmap
 
 

@@ -20,6 +20,8 @@ import numpy as np
 from .mesh import OPENCV_TO_GLTF
 from .motion_files import filled_joints
 from .skeleton3d import joint_positions, joint_tree
+from .writers import NOW, Writer
+from .writers import prepare as _prepare
 
 CM = 100.0
 #: (joint, parent, rest direction from the parent) of the body skeleton, parents first
@@ -177,18 +179,25 @@ def bvh_text(points: np.ndarray, fps: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_bvh(path: str | Path, points: np.ndarray, present: np.ndarray, ids: np.ndarray, fps: float) -> Path:
+def write_bvh(
+    path: str | Path,
+    points: np.ndarray,
+    present: np.ndarray,
+    ids: np.ndarray,
+    fps: float,
+    *,
+    writer: Writer = NOW,
+) -> Path:
     """``path``: the BVH of the person present in the most frames (``points`` (F, T, 308, 3));
     an empty skeleton at rest when nobody is."""
-    p = Path(path)
     if len(ids) == 0 or not np.asarray(present).any():
         pts = np.full((max(1, len(points)), 308, 3), np.nan, np.float32)
     else:
         pts = points[:, int(np.argmax(np.asarray(present).sum(0)))]
     if not np.isfinite(pts).any():  # nothing known: a rest pose 1 m in front of the camera
         pts = np.zeros_like(pts)
-    p.write_text(bvh_text(pts, fps), encoding="ascii")
-    return p
+    text = bvh_text(pts, fps)
+    return writer.write(_prepare(path), lambda p: p.write_text(text, encoding="ascii"))
 
 
 __all__ = ["BODY", "bvh_text", "euler_zxy", "rotations", "write_bvh"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,8 @@ from .gltf_scene import (
 )
 from .mesh import OPENCV_TO_GLTF
 from .skeleton3d import BODY_RADIUS, bone_colors, joint_positions, joint_tree, rgba
+from .writers import NOW, Writer
+from .writers import prepare as _prepare
 
 
 def filled_joints(joints: np.ndarray, parents: np.ndarray) -> np.ndarray:
@@ -84,6 +87,7 @@ def write_motion_glb(
     ids: np.ndarray,
     *,
     face: bool = False,
+    writer: Writer = NOW,
 ) -> Path:
     """The animated skeletons of ``points`` (F, P, 308, 3) metres, camera frame, NaN = missing;
     ``present`` (F, P) bool: the person is in frame t; ``times`` (F,) seconds, increasing;
@@ -134,15 +138,17 @@ def write_motion_glb(
         channels.append((root, "scale", time_acc, b.accessor(scale), "STEP"))
     if channels:
         b.animation("motion", channels)
-    return b.write(path)
+    return writer.write(_prepare(path), b.write)
 
 
-def write_keypoints_npz(path: str | Path, **arrays: np.ndarray) -> Path:
+def write_keypoints_npz(path: str | Path, *, writer: Writer = NOW, **arrays: np.ndarray) -> Path:
     """An uncompressed NPZ of ``arrays`` (``points``, ``scores``, ``ids``, ``fps`` ...)."""
-    p = Path(path)
-    with open(p, "wb") as f:
-        np.savez(f, **arrays)
-    return p
+
+    def save(p: Path) -> None:
+        with open(p, "wb") as f:
+            np.savez(f, **arrays)
+
+    return writer.write(_prepare(path), save)
 
 
 def write_keypoints_csv(
@@ -154,24 +160,40 @@ def write_keypoints_csv(
     times: np.ndarray,
     ids: np.ndarray,
     bridged: np.ndarray | None = None,
+    *,
+    writer: Writer = NOW,
 ) -> Path:
     """Long CSV: ``frame, time, person, keypoint, x, y, z, score, bridged`` for every frame, person
     present in it and keypoint; x, y, z empty where missing; ``bridged`` 1 where a gap was filled."""
-    p = Path(path)
-    with open(p, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["frame", "time", "person", "keypoint", "x", "y", "z", "score", "bridged"])
-        for i in range(len(frames)):
-            for q in np.flatnonzero(present[i]):
-                xyz = points[i, q]
-                known = np.isfinite(xyz).all(-1)
-                gap = bridged[i, q] if bridged is not None else np.zeros(len(xyz), bool)
-                for k, name in enumerate(KEYPOINT_NAMES):
-                    x, y, z = (f"{v:.4f}" for v in xyz[k]) if known[k] else ("", "", "")
-                    s = scores[i, q, k]
-                    w.writerow([int(frames[i]), f"{times[i]:.4f}", int(ids[q]), name, x, y, z,
-                                f"{s:.4f}" if np.isfinite(s) else "", int(gap[k])])  # fmt: skip
-    return p
+
+    def write(p: Path) -> None:
+        with open(p, "w", newline="", encoding="utf-8") as f:
+            _write_rows(csv.writer(f), points, scores, present, frames, times, ids, bridged)
+
+    return writer.write(_prepare(path), write)
+
+
+def _write_rows(
+    w: Any,
+    points: np.ndarray,
+    scores: np.ndarray,
+    present: np.ndarray,
+    frames: np.ndarray,
+    times: np.ndarray,
+    ids: np.ndarray,
+    bridged: np.ndarray | None,
+) -> None:
+    w.writerow(["frame", "time", "person", "keypoint", "x", "y", "z", "score", "bridged"])
+    for i in range(len(frames)):
+        for q in np.flatnonzero(present[i]):
+            xyz = points[i, q]
+            known = np.isfinite(xyz).all(-1)
+            gap = bridged[i, q] if bridged is not None else np.zeros(len(xyz), bool)
+            for k, name in enumerate(KEYPOINT_NAMES):
+                x, y, z = (f"{v:.4f}" for v in xyz[k]) if known[k] else ("", "", "")
+                s = scores[i, q, k]
+                w.writerow([int(frames[i]), f"{times[i]:.4f}", int(ids[q]), name, x, y, z,
+                            f"{s:.4f}" if np.isfinite(s) else "", int(gap[k])])  # fmt: skip
 
 
 __all__ = ["filled_joints", "write_keypoints_csv", "write_keypoints_npz", "write_motion_glb"]

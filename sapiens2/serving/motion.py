@@ -19,7 +19,15 @@ from typing import Any
 
 from ..outputs.export import file_stem
 from ..video.handlers import TrackingOptions
-from ..video.motion import MotionDepth, MotionOptions, MotionResult, finish_motion, pose_arrays_of
+from ..video.motion import (
+    POINTMAP,
+    POSE,
+    MotionDepth,
+    MotionOptions,
+    MotionResult,
+    finish_motion,
+    pose_arrays_of,
+)
 from .video import VideoJob, VideoRequests
 
 Progress = Callable[[int, int | None], None]
@@ -36,9 +44,9 @@ class MotionRequests:
     ) -> tuple[VideoJob, VideoJob]:
         """The two passes' checked jobs, on the same frames."""
         pm = self.video.job(
-            "pointmap", clip, size, stride=stride, max_frames=max_frames, options={"use_segmentation": True}
+            POINTMAP, clip, size, stride=stride, max_frames=max_frames, options={"use_segmentation": True}
         )
-        pose = self.video.job("pose", clip, size, stride=stride, max_frames=max_frames, tracking=tracking)
+        pose = self.video.job(POSE, clip, size, stride=stride, max_frames=max_frames, tracking=tracking)
         fewer = pose if pose.frames < pm.frames else pm
         same = {"plan": fewer.plan, "take": fewer.take, "reduced": fewer.reduced}
         return replace(pose, **same), replace(pm, **same)

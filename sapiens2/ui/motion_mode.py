@@ -12,6 +12,7 @@ import gradio as gr
 from ..serving.motion import MotionRequests
 from ..video.handlers import TrackingOptions
 from .handlers import reported, warn
+from .widgets import whole_number
 
 
 def motion_endpoint(ends: Any) -> Callable[..., list[Any]]:
@@ -41,8 +42,6 @@ def motion_endpoint(ends: Any) -> Callable[..., list[Any]]:
             detect_every: run the person detector on every K-th processed frame; boxes are tracked in between.
             smoothing: smooth keypoints over time per person (One-Euro filter, in 2D and in 3D).
         """
-        from .video_tab import _whole
-
         if not isinstance(smoothing, bool) and smoothing is not None:
             raise gr.Error(f"smoothing must be true or false, got {smoothing!r}.", title="Invalid option")
 
@@ -51,11 +50,11 @@ def motion_endpoint(ends: Any) -> Callable[..., list[Any]]:
 
         with reported(ends.manager):
             tracking = TrackingOptions(
-                detect_every=_whole(detect_every, "detect_every", 5), smoothing=smoothing is not False
+                detect_every=whole_number(detect_every, "detect_every", 5), smoothing=smoothing is not False
             )
             result = requests.run(
-                clip, size, stride=_whole(stride, "stride", 1),
-                max_frames=_whole(max_frames, "max_frames", requests.video.limits.max_frames),
+                clip, size, stride=whole_number(stride, "stride", 1),
+                max_frames=whole_number(max_frames, "max_frames", requests.video.limits.max_frames),
                 tracking=tracking, progress=report,
             )  # fmt: skip
         warn(result.notices)

@@ -20,7 +20,7 @@ from .gpu import gpu_device
 from .handlers import Runner, reported, warn
 from .inputs import clip_input
 from .motion_mode import add_motion_mode
-from .widgets import checked_by_package, size_dropdown
+from .widgets import checked_by_package, size_dropdown, whole_number
 
 #: What one clip may cost in this app (uploads are capped at MAX_FILE_BYTES by Gradio too).
 APP_VIDEO_LIMITS = VideoLimits(max_bytes=MAX_FILE_BYTES, max_seconds=60.0, max_frames=150)
@@ -37,17 +37,6 @@ def limits_markdown(limits: VideoLimits) -> str:
         "the long side are downscaled. Beyond a limit the run stops with an error saying which. "
         "The output is a silent WebM (VP8) at the clip's frame rate divided by the stride."
     )
-
-
-def _whole(value: Any, name: str, default: int) -> int:
-    """An integer option from the API or a slider (which may send 3.0)."""
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise OptionError(f"{name} must be a whole number, got {value!r}.")
-    return value
 
 
 def _task_name(task: Any, tasks: Mapping[str, Task]) -> str:
@@ -99,8 +88,8 @@ class VideoEndpoints:
             self.tasks[_task_name(task, self.tasks)],
             clip,
             size,
-            stride=_whole(stride, "stride", 1),
-            max_frames=_whole(max_frames, "max_frames", self.requests.limits.max_frames),
+            stride=whole_number(stride, "stride", 1),
+            max_frames=whole_number(max_frames, "max_frames", self.requests.limits.max_frames),
             tracking=TrackingOptions(**tracking),
         )
 
@@ -140,7 +129,7 @@ class VideoEndpoints:
         with reported(self.manager):
             job = self.job(
                 clip, task, size, stride, max_frames,
-                detect_every=_whole(detect_every, "detect_every", 5), smoothing=smoothing is not False,
+                detect_every=whole_number(detect_every, "detect_every", 5), smoothing=smoothing is not False,
             )  # fmt: skip
             result = self.requests.run(job, report)
         warn(result.notices)

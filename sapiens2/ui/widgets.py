@@ -6,6 +6,7 @@ from typing import Any
 
 import gradio as gr
 
+from ..errors import OptionError
 from ..tasks.options import Option
 from ..tasks.registry import Task, View
 from .inputs import photo_input
@@ -16,6 +17,17 @@ def checked_by_package(component: Any) -> Any:
     option and its allowed values, where Gradio's own range check names neither."""
     component.preprocess = lambda payload: payload  # type: ignore[method-assign]
     return component
+
+
+def whole_number(value: Any, name: str, default: int) -> int:
+    """An integer option from the API or a slider (which may send 3.0)."""
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionError(f"{name} must be a whole number, got {value!r}.")
+    return value
 
 
 def option_widget(opt: Option, gpu: bool) -> gr.components.Component:

@@ -9,7 +9,7 @@ Two passes over the same frames (same stride, limits and cut), each the ordinary
 2. **pointmap** (with its segmentation: the people's mask) through :class:`MotionDepth`, the
    depth handler plus the lifting: every frame's depth is aligned to the clip
    (:mod:`sapiens2.video.depth_align`) and each person's keypoints of that frame are read from the
-   pointmap on their own mask (:func:`sapiens2.tasks.pose_lift.lift_keypoints`). It writes
+   pointmap on their own mask (:func:`sapiens2.ops.pose_lift.lift_keypoints`). It writes
    ``<name>_lifted.npz`` (raw 3D points) next to its files, which the next step reads and removes.
 
 Then, on the CPU (:func:`finish_motion`): the depth factors applied, points scoring below the
@@ -34,8 +34,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
+from ..ops.pose_lift import MIN_SAMPLES, WINDOW, lift_keypoints
 from ..outputs.export import file_stem, safe_path
-from ..tasks.pose_lift import MIN_SAMPLES, WINDOW, lift_keypoints
+from ..tasks.pointmap import TASK as POINTMAP
+from ..tasks.pose import TASK as POSE
 from .exports import RAW_CAP_BYTES, save_npz
 from .handlers import DepthFrames, TrackingOptions, people_mask
 from .reader import VideoLimits
@@ -76,7 +78,7 @@ class MotionDepth(DepthFrames):
     def __init__(
         self, pose: Mapping[str, np.ndarray], options: MotionOptions, raw_cap: int = RAW_CAP_BYTES
     ) -> None:
-        super().__init__("pointmap", {}, raw_cap, (1.0, 99.0))
+        super().__init__(POINTMAP, {}, raw_cap, (1.0, 99.0))
         self.pose = {k: np.asarray(pose[k]) for k in ("frame", "track_ids", "boxes", "keypoints_raw")}
         self.options = options
         self.lifted: list[np.ndarray] = []  # per frame (P, 308, 3), not yet aligned
@@ -323,16 +325,14 @@ def iter_motion(
     stem = name or file_stem(Path(source).name, "clip")
     common = {"stride": stride, "limits": limits, "batch_size": batch_size, "name": stem, "take": take}
     pose_result = yield from _pass(
-        iter_video(pose_pipe, source, out_dir, task="pose", options=pose_options, tracking=tracking,
+        iter_video(pose_pipe, source, out_dir, task=POSE, options=pose_options, tracking=tracking,
                    render_options={"threshold": options.score_threshold}, source_video=source_video, **common),
         0,
     )  # fmt: skip
     handler = MotionDepth(pose_arrays_of(pose_result), options)
     pm_opts = {"use_segmentation": True, **(pointmap_options or {})}
     pm_result = yield from _pass(
-        iter_video(
-            pointmap_pipe, source, out_dir, task="pointmap", options=pm_opts, handler=handler, **common
-        ),
+        iter_video(pointmap_pipe, source, out_dir, task=POINTMAP, options=pm_opts, handler=handler, **common),
         pose_result.frames,
     )
     yield finish_motion(pose_result, pm_result, stem, options, t0)
@@ -361,6 +361,8 @@ def run_motion(
 
 __all__ = [
     "LIFTED_SUFFIX",
+    "POINTMAP",
+    "POSE",
     "Motion",
     "MotionDepth",
     "MotionOptions",
