@@ -50,7 +50,9 @@ def photos(folder: Path, n: int, corrupt: bool = True) -> list[Path]:
 
 def job_for(tasks, ckpts, out, **kw) -> BatchJob:
     plans = tuple(
-        task_plan(t, checkpoints=ckpts, network_hw=HW, pipeline_kwargs=kw.pop(f"{t}_kwargs", None))
+        task_plan(
+            registry.get(t), checkpoints=ckpts, network_hw=HW, pipeline_kwargs=kw.pop(f"{t}_kwargs", None)
+        )
         for t in tasks
     )
     return BatchJob(plans, str(out), **kw)
@@ -73,7 +75,7 @@ def test_every_batch_task_has_a_record_and_tables_round_trip(tmp_path):
         {"source": "c", "keypoints": np.zeros((0, 308, 2)), "scores": np.zeros((0, 308)),
          "boxes": np.zeros((0, 4)), "box_scores": np.zeros(0)},
     ]  # fmt: skip
-    pq.write_table(records.rows_table("pose", rows), tmp_path / "p.parquet")
+    pq.write_table(records.rows_table(registry.get("pose"), rows), tmp_path / "p.parquet")
     back = pq.read_table(tmp_path / "p.parquet")
     assert back.schema.field("keypoints").type == records.RECORDS["pose"].fields[0].type  # fixed sizes kept
     got = records.column_arrays(back["keypoints"])
@@ -192,11 +194,12 @@ def test_dense_and_feature_records_match_the_library(tiny_checkpoints, tmp_path)
     tasks = ("normal", "matting", "albedo", "features")
     values = {"normal": {"remove_background": True}}
     plans = tuple(
-        task_plan(t, checkpoints=tiny_checkpoints, values=values.get(t), network_hw=HW) for t in tasks
+        task_plan(registry.get(t), checkpoints=tiny_checkpoints, values=values.get(t), network_hw=HW)
+        for t in tasks
     )
-    assert [b.task for b in plans[0].borrowed] == ["seg"]  # the mask's model, from --checkpoint seg=
+    assert [b.task.name for b in plans[0].borrowed] == ["seg"]  # the mask's model, from --checkpoint seg=
     summary = batch.run(BatchJob(plans, str(tmp_path / "out")), str(img), progress=False)
-    assert summary.errors == dict.fromkeys(("normal", "matting", "albedo", "pretrain"), 0)
+    assert summary.errors == dict.fromkeys(("normal", "matting", "albedo", "features"), 0)
     out = tmp_path / "out"
     seg = registry.get("seg").pipeline(None, checkpoint=tiny_checkpoints["seg"], device="cpu")
     seg.input_hw = HW
@@ -217,11 +220,11 @@ def test_dense_and_feature_records_match_the_library(tiny_checkpoints, tmp_path)
     albedo = lib("albedo", seg=seg)(img)
     row = table(out, "albedo").to_pylist()[0]
     assert np.array_equal(records.read_array(row["albedo"]), albedo.albedo.astype(np.float16))
-    feats = lib("pretrain")(img)
+    feats = lib("features")(img)
     assert np.array_equal(
         np.asarray(table(out, "features")["embedding"][0].as_py(), np.float32), feats.embedding
     )
-    assert batch.read_task(str(out), "pretrain").num_rows == 1  # OUT/features: the API name
+    assert batch.read_task(str(out), registry.get("features")).num_rows == 1  # OUT/features: its name
 
 
 def test_the_cpu_stages_never_load_weights(tiny_checkpoints, tmp_path, monkeypatch):
@@ -255,7 +258,7 @@ def test_rerun_skips_done_sources_refuses_other_settings_and_ignores_temp_files(
     assert not stale.exists()  # cleaned at the start
     sources_out = table(tmp_path / "out", "pose")["source"].to_pylist()
     assert len(sources_out) == len(set(sources_out)) == 4
-    other = BatchJob((task_plan("pose", values={"flip_test": True}, checkpoints=tiny_checkpoints,
+    other = BatchJob((task_plan(registry.get("pose"), values={"flip_test": True}, checkpoints=tiny_checkpoints,
                                 network_hw=HW),), str(tmp_path / "out"))  # fmt: skip
     with pytest.raises(OptionError, match="flip_test"):
         batch.run(other, str(tmp_path / "in"), progress=False)
@@ -370,7 +373,7 @@ def test_command_line_errors_are_one_line(tiny_checkpoints, tmp_path, capsys):
 def test_command_runs_and_reports(tiny_checkpoints, tmp_path, capsys):
     photos(tmp_path / "in", 1)
     args = ["batch", "pose", "features", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--no-detector",
-            "--checkpoint", f"pose={tiny_checkpoints['pose']}", "--checkpoint", f"features={tiny_checkpoints['pretrain']}",
+            "--checkpoint", f"pose={tiny_checkpoints['pose']}", "--checkpoint", f"features={tiny_checkpoints['features']}",
             "--network-size", "128x96"]  # fmt: skip
     assert main(args) == 0
     cap = capsys.readouterr()

@@ -25,7 +25,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"inputs", "outputs"}),  # the photo in, the files out: side by side (docs/DESIGN.md)
     frozenset({"ops"}),
     frozenset({"tasks"}),
-    frozenset({"video"}),
+    frozenset({"video", "batch"}),  # many inputs through any pipeline: clips, datasets
     frozenset({"serving"}),
     frozenset({"ui", "cli", "face"}),
 )

@@ -5,7 +5,7 @@ made from a result), :mod:`.sources` (what INPUT names, read through pyarrow's f
 :mod:`.store` (OUT: one Parquet dataset per task, written in committed parts, resumable),
 :mod:`.job` (the run's plan, resolved once), :mod:`.stages` (THE adapter to the task pipelines:
 prepare / forward / finish), :mod:`.flow` (the steps both engines run, with per-photo errors),
-:mod:`.runner` (a run from listing to summary), and the engines :mod:`.local` and
+:mod:`.parts` (rows gathered and committed per task, the summary), :mod:`.runner` (a run from listing to summary), and the engines :mod:`.local` and
 :mod:`.ray_engine` (imported only when asked for: nothing here imports Ray).
 
 ``run(job, INPUT, engine="local")`` is the Python entry; ``sapiens2 batch`` (``sapiens2.cli.batch``)
@@ -15,8 +15,9 @@ builds the job from the command line. docs/USAGE.md shows both; docs/SCALE.md a 
 from __future__ import annotations
 
 from .job import BatchJob, ModelPlan, TaskPlan, task_plan
+from .parts import Summary
 from .records import RECORDS, column_arrays, read_array, read_png
-from .runner import Summary, run
+from .runner import run
 from .store import read_task
 
 __all__ = [

@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from ..tasks.registry import Task
 from .sources import read_intake
 from .stages import Geometry, TaskStages
 
@@ -25,11 +26,11 @@ class Item:
     """One source on its way through the steps."""
 
     source: str
-    tasks: tuple[str, ...]  # the tasks it still needs (the others have its row already)
+    tasks: tuple[Task, ...]  # the tasks it still needs (the others have its row already)
     geometry: Geometry | None = None
-    preps: dict[str, Any] = field(default_factory=dict)
-    raws: dict[str, Any] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)  # per task; a read error is every task's
+    preps: dict[Task, Any] = field(default_factory=dict)
+    raws: dict[Task, Any] = field(default_factory=dict)
+    errors: dict[Task, str] = field(default_factory=dict)  # per task; a read error is every task's
 
     def dumps(self) -> bytes:
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
@@ -46,8 +47,8 @@ def describe_error(err: BaseException) -> str:
 
 
 def read_prepare(
-    todo: Sequence[tuple[str, Sequence[str]]],
-    stages: Mapping[str, TaskStages],
+    todo: Sequence[tuple[str, Sequence[Task]]],
+    stages: Mapping[Task, TaskStages],
     *,
     filesystem: pafs.FileSystem | None = None,
     max_side: int,
@@ -95,20 +96,20 @@ def forward(items: Sequence[Item], stage: TaskStages) -> None:
 def _forward(todo: list[Item], stage: TaskStages) -> None:
     raws = stage.forward([it.preps[stage.task] for it in todo])
     if len(raws) != len(todo):
-        raise RuntimeError(f"The {stage.task} forward gave {len(raws)} results for {len(todo)} photos.")
+        raise RuntimeError(f"The {stage.task.name} forward gave {len(raws)} results for {len(todo)} photos.")
     for it, raw in zip(todo, raws, strict=True):
         it.raws[stage.task] = raw
         del it.preps[stage.task]  # the network input is not carried any further
 
 
-def _failed(item: Item, task: str, err: BaseException) -> None:
+def _failed(item: Item, task: Task, err: BaseException) -> None:
     item.errors[task] = describe_error(err)
     item.preps.pop(task, None)
 
 
-def finish(items: Sequence[Item], stages: Mapping[str, TaskStages]) -> dict[str, list[dict[str, Any]]]:
+def finish(items: Sequence[Item], stages: Mapping[Task, TaskStages]) -> dict[Task, list[dict[str, Any]]]:
     """Per task, the rows of ``items`` (in order): finished results, or errors."""
-    rows: dict[str, list[dict[str, Any]]] = {t: [] for t in stages}
+    rows: dict[Task, list[dict[str, Any]]] = {t: [] for t in stages}
     for it in items:
         for task in it.tasks:
             error = it.errors.get(task)

@@ -6,7 +6,7 @@ and resolve nothing themselves (the CPU side and the GPU side never disagree on 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 
 from ..errors import CheckpointError, OptionError
 from ..inputs.intake import DEFAULT_MAX_SIDE
-from ..tasks import registry
+from ..tasks.registry import Task
 from .records import RECORDS, record_for
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -22,11 +22,14 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """One model: task (zoo name), size (None: a checkpoint of no published size) and checkpoint."""
+    """One model: its task, size (None: a checkpoint of no published size) and checkpoint."""
 
-    task: str
+    task: Task
     size: str | None
     checkpoint: str | None = None
+
+    def described(self) -> dict[str, Any]:
+        return {"task": self.task.name, "size": self.size, "checkpoint": self.checkpoint}
 
 
 @dataclass(frozen=True)
@@ -41,18 +44,18 @@ class TaskPlan:
     network_hw: tuple[int, int] | None = None
 
     @property
-    def task(self) -> str:
+    def task(self) -> Task:
         return self.model.task
 
     def made_by(self, dtype: str) -> dict[str, Any]:
         """What decides the rows' values (kept beside them in OUT/<task>/_sapiens2.json)."""
         return {
-            "task": self.task,
+            "task": self.task.name,
             "size": self.model.size,
             "checkpoint": self.model.checkpoint,
             "options": dict(self.options),
             "pipeline": {k: repr(v) for k, v in self.pipeline_kwargs.items()},
-            "borrowed": [asdict(b) for b in self.borrowed],
+            "borrowed": [b.described() for b in self.borrowed],
             "network_hw": list(self.network_hw) if self.network_hw else None,
             "dtype": dtype,
         }
@@ -78,8 +81,12 @@ class BatchJob:
     out_filesystem: pafs.FileSystem | None = None
 
     @property
-    def tasks(self) -> tuple[str, ...]:
+    def tasks(self) -> tuple[Task, ...]:
         return tuple(p.task for p in self.plans)
+
+    def task_named(self, name: str) -> Task:
+        """One of the job's tasks by its name (the Ray steps pass names through Arrow columns)."""
+        return next(t for t in self.tasks if t.name == name)
 
     def part_rows(self) -> int:
         if self.rows_per_part is not None:
@@ -90,11 +97,11 @@ class BatchJob:
         return self.device or ("cuda" if self.gpu else "cpu")
 
 
-def model_plan(task: str, size: str | None, checkpoint: str | Path | None, gpu: bool) -> ModelPlan:
+def model_plan(task: Task, size: str | None, checkpoint: str | Path | None, gpu: bool) -> ModelPlan:
     """The model a run uses: a checkpoint decides its own size (a given size only checks it, as
     everywhere in the package); else the given size or the task's default for the device. Reads
     only the checkpoint's header."""
-    spec = registry.get(task).spec
+    spec = task.spec
     if checkpoint is None:
         if size is not None:
             spec.check_size(size)
@@ -103,7 +110,7 @@ def model_plan(task: str, size: str | None, checkpoint: str | Path | None, gpu: 
             from ..models.loading import resolve_checkpoint
 
             resolve_checkpoint(spec.name, size)
-        return ModelPlan(spec.name, size, None)
+        return ModelPlan(task, size, None)
     from ..models.loading import checkpoint_size_conflict, describe_checkpoint
 
     path = Path(checkpoint).expanduser()
@@ -113,11 +120,11 @@ def model_plan(task: str, size: str | None, checkpoint: str | Path | None, gpu: 
     conflict = checkpoint_size_conflict(info["size"], size)
     if conflict is not None:
         raise CheckpointError(f"{path} is size {info['size']}, not {size}. {conflict}")
-    return ModelPlan(spec.name, info["size"], str(path.absolute()))
+    return ModelPlan(task, info["size"], str(path.absolute()))
 
 
 def task_plan(
-    task: str,
+    task: Task,
     *,
     values: Mapping[str, Any] | None = None,
     size: str | None = None,
@@ -128,20 +135,20 @@ def task_plan(
     where: Any = None,
 ) -> TaskPlan:
     """One task's plan: ``values`` (its inference options by name; None = the default for the
-    device) checked as any request is; ``checkpoints`` by task (zoo or API name) for the task
-    and what it borrows. OptionError / CheckpointError on anything unusable."""
-    decl = registry.get(task)
-    if decl.name not in RECORDS:
-        raise OptionError(f"{decl.api_name} has no batch record; batch runs: {', '.join(RECORDS)}.")
-    known = {o.name for o in decl.options if o.stage == "infer"}
-    infer, _ = decl.split({k: v for k, v in (values or {}).items() if k in known}, gpu=gpu, where=where)
-    ckpts = {registry.get(k).name: v for k, v in (checkpoints or {}).items()}
-    model = model_plan(decl.name, size, ckpts.get(decl.name), gpu)
+    device) checked as any request is; ``checkpoints`` by task name
+    (:class:`~sapiens2.models.checkpoints.Checkpoints`) for the task and what it borrows.
+    OptionError / CheckpointError on anything unusable."""
+    if task.name not in RECORDS:
+        raise OptionError(f"{task.name} has no batch record; batch runs: {', '.join(RECORDS)}.")
+    known = {o.name for o in task.options if o.stage == "infer"}
+    infer, _ = task.split({k: v for k, v in (values or {}).items() if k in known}, gpu=gpu, where=where)
+    ckpts = dict(checkpoints or {})
+    model = model_plan(task, size, ckpts.get(task.name), gpu)
     borrowed = []
-    for other in decl.needs(infer):
-        spec = registry.get(other).spec
-        own = model.size if model.size in spec.sizes else None  # as the pipelines' LazySeg picks
-        borrowed.append(model_plan(other, None if other in ckpts else own, ckpts.get(other), gpu))
+    for other in task.needs(infer):
+        own = model.size if model.size in other.spec.sizes else None  # as the pipelines' LazySeg picks
+        given = ckpts.get(other.name)
+        borrowed.append(model_plan(other, None if given is not None else own, given, gpu))
     hw = None if network_hw is None else _network_hw(network_hw)
     return TaskPlan(model, dict(infer), dict(pipeline_kwargs or {}), tuple(borrowed), hw)
 

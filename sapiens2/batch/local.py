@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..tasks.registry import Task
 from . import flow
 from .job import BatchJob
-from .runner import Parts
+from .parts import Parts
 from .stages import stages_for
 
 
@@ -26,7 +27,7 @@ def _bar(total: int, enabled: bool) -> Any:
 
 
 def run_local(
-    job: BatchJob, todo: Sequence[tuple[str, tuple[str, ...]]], parts: Parts, *, progress: bool = True
+    job: BatchJob, todo: Sequence[tuple[str, tuple[Task, ...]]], parts: Parts, *, progress: bool = True
 ) -> None:
     """Every source of ``todo`` through ``job``'s tasks; rows committed through ``parts``."""
     stages = stages_for(job.plans)
@@ -34,7 +35,7 @@ def run_local(
         stage.load(job.forward_device(), job.dtype)
     chunks = [todo[a : a + job.batch_size] for a in range(0, len(todo), job.batch_size)]
 
-    def read(chunk: Sequence[tuple[str, tuple[str, ...]]]) -> list[flow.Item]:
+    def read(chunk: Sequence[tuple[str, tuple[Task, ...]]]) -> list[flow.Item]:
         return flow.read_prepare(chunk, stages, filesystem=job.filesystem, max_side=job.max_side)
 
     bar = _bar(len(todo), progress)

@@ -32,10 +32,11 @@ import pyarrow as pa
 from .. import errors
 from ..errors import OptionError, Sapiens2Error
 from ..runtime.cpus import available_cpus
+from ..tasks.registry import Task
 from . import flow
 from .job import BatchJob
+from .parts import Parts, Tally
 from .records import rows_table
-from .runner import Parts, Tally
 from .stages import TaskStages, stages_for
 from .store import Store, Written
 from .workers import use_ray_allotment
@@ -55,12 +56,12 @@ class RayOptions:
 
 # ----------------------------------------------------------------------------- worker side
 
-_CACHE: dict[str, dict[str, TaskStages]] = {}
+_CACHE: dict[str, dict[Task, TaskStages]] = {}
 
 
-def _cpu_stages(job: BatchJob) -> dict[str, TaskStages]:
+def _cpu_stages(job: BatchJob) -> dict[Task, TaskStages]:
     """The job's weight-free stages, made once per worker process and job."""
-    key = repr(job.plans)
+    key = repr([p.made_by(job.dtype) for p in job.plans])
     if key not in _CACHE:
         _CACHE.clear()
         _CACHE[key] = stages_for(job.plans)
@@ -73,7 +74,8 @@ _ITEM = pa.large_binary()
 def read_prepare_step(batch: pa.Table, job: BatchJob) -> pa.Table:
     """CPU step: sources -> items holding every task's network input."""
     use_ray_allotment()
-    todo = list(zip(batch.column("source").to_pylist(), batch.column("tasks").to_pylist(), strict=True))
+    named = zip(batch.column("source").to_pylist(), batch.column("tasks").to_pylist(), strict=True)
+    todo = [(source, tuple(job.task_named(n) for n in names)) for source, names in named]
     items = flow.read_prepare(todo, _cpu_stages(job), filesystem=job.filesystem, max_side=job.max_side)
     blobs = [it.dumps() for it in items]
     return pa.table({"item": pa.array(blobs, _ITEM), "prepared_bytes": [len(b) for b in blobs]})
@@ -82,9 +84,9 @@ def read_prepare_step(batch: pa.Table, job: BatchJob) -> pa.Table:
 class ForwardStep:
     """Actor: one task's model, loaded once; each call runs one forward for its batch."""
 
-    def __init__(self, job: BatchJob, task: str, device: str) -> None:
+    def __init__(self, job: BatchJob, task: Task, device: str) -> None:
         use_ray_allotment()
-        self.stage = TaskStages(next(p for p in job.plans if p.task == task))
+        self.stage = TaskStages(next(p for p in job.plans if p.task is task))
         self.stage.load(device, job.dtype)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -123,7 +125,7 @@ def finish_write_step(batch: pa.Table, job: BatchJob, store: Store) -> pa.Table:
         first = not out  # the batch's photos and bytes are counted once, with its first part
         out.append(
             {
-                "task": task,
+                "task": task.name,
                 "temp": written.temp,
                 "rows": written.rows,
                 "errors": tally.errors,
@@ -206,7 +208,7 @@ def actor_resources(
 
 def run_ray(
     job: BatchJob,
-    todo: Sequence[tuple[str, tuple[str, ...]]],
+    todo: Sequence[tuple[str, tuple[Task, ...]]],
     store: Store,
     parts: Parts,
     opts: RayOptions | None = None,
@@ -225,7 +227,7 @@ def run_ray(
         gpus, cpus = actor_resources(opts, len(job.plans), cluster, job.gpu)
         steps = step_cpus(cluster.get("CPU", 0) - cpus * opts.actors * len(job.plans))
         device = "cuda" if gpus > 0 else "cpu"  # Ray shows each actor only its own GPUs
-        rows = [{"source": s, "tasks": list(t)} for s, t in todo]
+        rows = [{"source": s, "tasks": [t.name for t in tasks]} for s, tasks in todo]
         ds = ray.data.from_items(
             rows, override_num_blocks=min(len(rows), math.ceil(len(rows) / job.batch_size))
         )
@@ -254,7 +256,7 @@ def run_ray(
             num_cpus=steps,
         )
         try:
-            _commit_stream(ds, parts)
+            _commit_stream(ds, parts, job)
         except (
             Exception
         ) as err:  # a worker's package error (weights missing ...) as itself, not Ray's wrapper
@@ -291,7 +293,7 @@ def _package_cause(err: BaseException) -> Sapiens2Error | None:
     return None
 
 
-def _commit_stream(ds: Any, parts: Parts) -> None:
+def _commit_stream(ds: Any, parts: Parts, job: BatchJob) -> None:
     """Commit each written part as it streams back; the bytes per photo between the steps."""
     sent = {"prepare -> forward": 0, "forward -> finish": 0}
     photos = 0
@@ -299,7 +301,9 @@ def _commit_stream(ds: Any, parts: Parts) -> None:
         for r in batch.to_pylist():
             quoted = tuple((s, e) for s, e in json.loads(r["quoted"]))
             parts.committed(
-                Written(r["task"], r["temp"], r["rows"]), Tally(r["rows"], r["errors"], quoted), r["photos"]
+                Written(job.task_named(r["task"]), r["temp"], r["rows"]),
+                Tally(r["rows"], r["errors"], quoted),
+                r["photos"],
             )
             photos += r["photos"]
             sent["prepare -> forward"] += r["prepared_bytes"]

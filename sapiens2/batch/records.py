@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from ..data.metadata import NUM_KEYPOINTS
 from ..outputs.png import png_chunks
+from ..tasks.registry import Task
 
 #: The columns of every task's rows, first.
 COMMON: tuple[pa.Field, ...] = (
@@ -188,7 +189,7 @@ def _features(result: Any) -> dict[str, Any]:
 
 _ARRAY = pa.large_binary()  # one photo's array can pass 2 GB only at ~300 MP; large_ is free
 
-#: The record of every task, by zoo name (round 2 may move these onto the task declarations).
+#: The record of every task, by its name (round 2 may move these onto the task declarations).
 RECORDS: dict[str, Record] = {
     "pose": Record(
         (
@@ -215,16 +216,18 @@ RECORDS: dict[str, Record] = {
     ),
     "matting": Record((pa.field("alpha", _ARRAY), pa.field("foreground", _ARRAY)), _matting, DENSE_ROWS),
     "albedo": Record((pa.field("albedo", _ARRAY), pa.field("mask_png", pa.binary())), _albedo, DENSE_ROWS),
-    "pretrain": Record((pa.field("embedding", pa.list_(pa.float32())),), _features),
+    "features": Record((pa.field("embedding", pa.list_(pa.float32())),), _features),
 }
 
 
-def record_for(task: str) -> Record:
-    """The record of ``task`` (zoo name); KeyError names the tasks that have one."""
+def record_for(task: Task) -> Record:
+    """The record of ``task``; KeyError names the tasks that have one."""
     try:
-        return RECORDS[task]
+        return RECORDS[task.name]
     except KeyError:
-        raise KeyError(f"No batch record for {task!r}; records exist for: {', '.join(RECORDS)}.") from None
+        raise KeyError(
+            f"No batch record for {task.name!r}; records exist for: {', '.join(RECORDS)}."
+        ) from None
 
 
 # ----------------------------------------------------------------------------- rows -> table
@@ -260,16 +263,16 @@ def _tensor_column(kind: pa.DataType, values: Sequence[Any]) -> pa.Array:
 
 
 def rows_table(
-    task: str, rows: Sequence[Mapping[str, Any]], metadata: Mapping[str, str] | None = None
+    task: Task, rows: Sequence[Mapping[str, Any]], metadata: Mapping[str, str] | None = None
 ) -> pa.Table:
     """The table of ``rows`` (dicts holding the common and the task's columns; missing = null)
     in the task's declared schema."""
-    schema = record_for(task).schema(task, metadata)
+    schema = record_for(task).schema(task.name, metadata)
     columns = [_column(f, [row.get(f.name) for row in rows]) for f in schema]
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def result_row(task: str, source: str, result: Any) -> dict[str, Any]:
+def result_row(task: Task, source: str, result: Any) -> dict[str, Any]:
     """The row of a finished result: the common columns and the task's record."""
     h, w = result.image.shape[:2]
     row = {"source": source, "error": None, "width": w, "height": h, "notices": list(result.notices)}

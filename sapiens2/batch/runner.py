@@ -1,86 +1,22 @@
 """A batch run from start to summary, whatever the engine: list INPUT, skip what OUT has done,
-hand the rest to the engine, commit its parts, count."""
+hand the rest to the engine, commit its parts (:mod:`.parts`), count."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import OptionError
-from ..tasks import registry
+from ..tasks.registry import Task
 from .job import BatchJob
-from .records import rows_table
+from .parts import Parts, Summary
 from .sources import list_sources
-from .store import Store, Written
-
-#: Errors quoted in the summary at most (every error is in its row).
-QUOTED_ERRORS = 20
-
-
-@dataclass(frozen=True)
-class Tally:
-    """A part's counts: rows, errors, and the first errors (source, error)."""
-
-    rows: int
-    errors: int
-    quoted: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def of(cls, table: Any) -> Tally:
-        errors = table.column("error")
-        failed = table.filter(errors.is_valid()).slice(0, QUOTED_ERRORS).select(["source", "error"])
-        quoted = tuple((r["source"], r["error"]) for r in failed.to_pylist())
-        return cls(len(table), len(errors) - errors.null_count, quoted)
-
-
-@dataclass
-class Summary:
-    """What a run did."""
-
-    photos: int = 0  # sources that went through this run
-    skipped: int = 0  # sources every task had done already
-    rows: dict[str, int] = field(default_factory=dict)
-    errors: dict[str, int] = field(default_factory=dict)
-    quoted: list[tuple[str, str, str]] = field(default_factory=list)  # (task, source, error)
-    seconds: float = 0.0
-    parts: int = 0
-    #: seconds from the start to each committed part, and its photos (throughput once started)
-    commits: list[tuple[float, int]] = field(default_factory=list)
-    engine: str = "local"
-    notes: list[str] = field(default_factory=list)
-    #: average bytes per photo passed from prepare to the forward, and from the forward to finish
-    bytes_between: dict[str, float] = field(default_factory=dict)
-
-    def count(self, task: str, tally: Tally, started: float, photos: int) -> None:
-        """A committed part of ``task`` (``photos``: photos through the run so far)."""
-        self.rows[task] = self.rows.get(task, 0) + tally.rows
-        self.errors[task] = self.errors.get(task, 0) + tally.errors
-        self.parts += 1
-        self.commits.append((time.perf_counter() - started, photos))
-        room = QUOTED_ERRORS - len(self.quoted)
-        self.quoted += [(task, source, error) for source, error in tally.quoted[: max(0, room)]]
-
-    @property
-    def photos_per_s(self) -> float:
-        return self.photos / self.seconds if self.seconds > 0 else 0.0
-
-    def line(self) -> str:
-        """``pose: 198 rows (2 errors) · seg: ... · 200 photos in 41.2 s (4.85 photos/s)``."""
-        per_task = " · ".join(
-            f"{registry.get(t).api_name}: {n} rows ({self.errors.get(t, 0)} errors)"
-            for t, n in self.rows.items()
-        )
-        skipped = f", {self.skipped} already done" if self.skipped else ""
-        return (
-            f"{per_task or 'nothing to do'} · {self.photos} photos in {self.seconds:.1f} s "
-            f"({self.photos_per_s:.2f} photos/s, {self.engine}){skipped}"
-        )
+from .store import Store
 
 
 def plan_todo(
     job: BatchJob, store: Store, input_location: str
-) -> tuple[list[tuple[str, tuple[str, ...]]], int]:
+) -> tuple[list[tuple[str, tuple[Task, ...]]], int]:
     """(source, the tasks it still needs) for every source INPUT names that some task lacks, and
     how many sources every task has already."""
     listed = list_sources(input_location, job.filesystem)
@@ -93,39 +29,6 @@ def plan_todo(
         else:
             skipped += 1
     return todo, skipped
-
-
-class Parts:
-    """Rows of a run gathered per task and committed as parts of ``job.part_rows()`` rows."""
-
-    def __init__(self, job: BatchJob, store: Store, summary: Summary, started: float) -> None:
-        self.job, self.store, self.summary, self.started = job, store, summary, started
-        self.pending: dict[str, list[dict[str, Any]]] = {t: [] for t in job.tasks}
-        self.photos = 0
-
-    def add(self, rows: dict[str, list[dict[str, Any]]], photos: int) -> None:
-        self.photos += photos
-        for task, new in rows.items():
-            self.pending[task].extend(new)
-            while len(self.pending[task]) >= self.job.part_rows():
-                self._commit(task, self.job.part_rows())
-
-    def flush(self) -> None:
-        for task, rows in self.pending.items():
-            if rows:
-                self._commit(task, len(rows))
-
-    def _commit(self, task: str, n: int) -> None:
-        rows, self.pending[task] = self.pending[task][:n], self.pending[task][n:]
-        table = rows_table(task, rows)
-        self.store.commit(self.store.write(task, table))
-        self.summary.count(task, Tally.of(table), self.started, self.photos)
-
-    def committed(self, written: Written, tally: Tally, photos: int) -> None:
-        """A part an engine's worker wrote: commit it here, in the driver."""
-        self.photos += photos
-        self.store.commit(written)
-        self.summary.count(written.task, tally, self.started, self.photos)
 
 
 def run(

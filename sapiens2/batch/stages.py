@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..inputs.intake import Intake
-from ..tasks import registry
+from ..tasks.registry import Task
 from .job import ModelPlan, TaskPlan
 from .records import result_row
 
@@ -83,7 +83,7 @@ class TaskStages:
     _device: Any = field(default=None, repr=False)
 
     @property
-    def task(self) -> str:
+    def task(self) -> Task:
         return self.plan.task
 
     # -- CPU side: no weights
@@ -94,13 +94,12 @@ class TaskStages:
         return pipe
 
     def _shell(self, model: ModelPlan, **kwargs: Any) -> Any:
-        decl = registry.get(model.task)
-        return self._sized(decl.pipeline(model.size, model=NoWeights(model.size), **kwargs))
+        return self._sized(model.task.pipeline(model.size, model=NoWeights(model.size), **kwargs))
 
     def cpu_pipeline(self) -> Any:
         """The task's pipeline without weights (built once)."""
         if self._cpu is None:
-            borrowed = {b.task: self._shell(b) for b in self.plan.borrowed}
+            borrowed = {b.task.name: self._shell(b) for b in self.plan.borrowed}  # keyword: its name
             self._cpu = self._shell(self.plan.model, **self.plan.pipeline_kwargs, **borrowed)
         return self._cpu
 
@@ -120,11 +119,10 @@ class TaskStages:
             borrowed = {}
             for b in self.plan.borrowed:  # no checkpoint: the pipeline loads it by size when needed
                 if b.checkpoint is not None:
-                    pipe = registry.get(b.task).pipeline(b.size, checkpoint=b.checkpoint, **kw)
-                    borrowed[b.task] = self._sized(pipe)
+                    pipe = b.task.pipeline(b.size, checkpoint=b.checkpoint, **kw)
+                    borrowed[b.task.name] = self._sized(pipe)
             m = self.plan.model
-            decl = registry.get(m.task)
-            pipe = decl.pipeline(
+            pipe = m.task.pipeline(
                 m.size, checkpoint=m.checkpoint, **kw, **self.plan.pipeline_kwargs, **borrowed
             )
             self._device = self._sized(pipe)
@@ -136,5 +134,5 @@ class TaskStages:
         return list(self._device.infer(preps, **self.plan.options))
 
 
-def stages_for(plans: tuple[TaskPlan, ...]) -> dict[str, TaskStages]:
+def stages_for(plans: tuple[TaskPlan, ...]) -> dict[Task, TaskStages]:
     return {p.task: TaskStages(p) for p in plans}

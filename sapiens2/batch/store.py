@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..errors import OptionError
-from ..tasks import registry
+from ..tasks.registry import Task
 from . import sources
 from .records import record_for
 
@@ -46,7 +46,7 @@ ROW_GROUP_BYTES = 64 << 20
 class Written:
     """A part written under its temporary name, not yet committed."""
 
-    task: str
+    task: Task
     temp: str  # path in the store's filesystem
     rows: int
 
@@ -64,13 +64,13 @@ class Store:
     def __reduce__(self) -> tuple[Any, ...]:  # workers get the location, and resolve it themselves
         return (Store, (self.out, self.filesystem))
 
-    def folder(self, task: str) -> str:
-        """``OUT/<task>``, named by the task's API name (``features``, not ``pretrain``)."""
-        return f"{self.root}/{registry.get(task).api_name}"
+    def folder(self, task: Task | str) -> str:
+        """``OUT/<task>``, named by the task's name (``features`` for the backbone)."""
+        return f"{self.root}/{getattr(task, 'name', task)}"
 
     # -- the done set
 
-    def committed(self, task: str) -> list[str]:
+    def committed(self, task: Task) -> list[str]:
         """Paths of the committed parts of ``task``."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.folder(task), allow_not_found=True))
         names = (i for i in infos if i.type == pafs.FileType.File)
@@ -78,7 +78,7 @@ class Store:
             i.path for i in names if i.base_name.startswith(PART_PREFIX) and i.base_name.endswith(SUFFIX)
         )
 
-    def done(self, task: str) -> set[str]:
+    def done(self, task: Task) -> set[str]:
         """The sources in the committed parts of ``task``."""
         parts = self.committed(task)
         if not parts:
@@ -88,7 +88,7 @@ class Store:
 
     # -- what made the rows
 
-    def check_job(self, task: str, made_by: Mapping[str, Any]) -> None:
+    def check_job(self, task: Task, made_by: Mapping[str, Any]) -> None:
         """Record ``made_by`` for ``task``, or refuse when rows made otherwise are there."""
         path = f"{self.folder(task)}/{JOB_FILE}"
         wanted = json.loads(json.dumps(made_by, sort_keys=True, default=str))
@@ -98,7 +98,7 @@ class Store:
             if found != wanted:
                 diff = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
                 raise OptionError(
-                    f"{self.folder(task)} holds {task} rows made with other settings "
+                    f"{self.folder(task)} holds {task.name} rows made with other settings "
                     f"({', '.join(f'{k}: {found.get(k)!r} there, {wanted.get(k)!r} now' for k in diff)}). "
                     "Use another --out, or the same settings (give defaults that differ between CPU and "
                     "GPU explicitly, e.g. --flip-test or --no-flip-test)."
@@ -110,7 +110,7 @@ class Store:
 
     # -- parts
 
-    def clean(self, task: str) -> int:
+    def clean(self, task: Task) -> int:
         """Remove the temporary files of earlier runs (never committed); returns how many."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.folder(task), allow_not_found=True))
         stale = [i.path for i in infos if i.base_name.startswith(TEMP_PREFIX)]
@@ -118,7 +118,7 @@ class Store:
             self.fs.delete_file(path)
         return len(stale)
 
-    def write(self, task: str, table: pa.Table) -> Written:
+    def write(self, task: Task, table: pa.Table) -> Written:
         """``table`` as a Parquet file under a temporary name in ``OUT/<task>/``."""
         folder = self.folder(task)
         self.fs.create_dir(folder, recursive=True)
@@ -177,8 +177,8 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def read_task(out: str, task: str, filesystem: pafs.FileSystem | None = None) -> pa.Table:
-    """Every committed row of ``task`` (zoo or API name) under ``out``, as
-    ``pyarrow.dataset.dataset("OUT/<task>")`` reads them."""
+def read_task(out: str, task: Task | str, filesystem: pafs.FileSystem | None = None) -> pa.Table:
+    """Every committed row of ``task`` (a task or its name: the folder ``OUT/<task>``) under
+    ``out``, as ``pyarrow.dataset.dataset("OUT/<task>")`` reads them."""
     store = Store(str(out), filesystem)
     return pads.dataset(store.folder(task), filesystem=store.fs, format="parquet").to_table()

@@ -27,7 +27,7 @@ def _batch_tasks() -> list[registry.Task]:
 
 
 def add(parser: argparse.ArgumentParser) -> None:
-    names = ", ".join(t.api_name for t in _batch_tasks())
+    names = ", ".join(t.name for t in _batch_tasks())
     parser.add_argument("tasks", nargs="+", metavar="TASK", help=f"what to compute: {names}")
     parser.add_argument(
         "input",
@@ -74,7 +74,7 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
     for task in _batch_tasks():
         for opt in task.options:
             if opt.stage == "infer":
-                having.setdefault(opt.name, []).append(task.api_name)
+                having.setdefault(opt.name, []).append(task.name)
     for task in _batch_tasks():
         for opt in task.options:
             if opt.stage == "infer" and opt.name in having:
@@ -83,18 +83,18 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
                     -1
                 ].help = f"{', '.join(having.pop(opt.name))}: {opt.describe(gpu=False)}"
         for switch in task.cli_switches:
-            group.add_argument(switch.flag, action="store_true", help=f"{task.api_name}: {switch.help}")
+            group.add_argument(switch.flag, action="store_true", help=f"{task.name}: {switch.help}")
 
 
-def _sizes(specs: list[str]) -> tuple[str | None, dict[str, str]]:
-    """``--size`` values: (the size for every task, {task zoo name: size})."""
+def _sizes(specs: list[str]) -> tuple[str | None, dict[registry.Task, str]]:
+    """``--size`` values: (the size for every task, {task: size})."""
     from ..errors import OptionError
 
     every, per_task = None, {}
     for spec in specs:
         task, sep, size = spec.partition("=")
         if sep:
-            per_task[registry.get(task.strip()).name] = size.strip()
+            per_task[registry.get(task.strip())] = size.strip()
         elif every is not None:
             raise OptionError("--size without TASK= is given twice.")
         else:
@@ -117,25 +117,24 @@ def build_job(args: argparse.Namespace) -> tuple[Any, str, Any]:
     for anything unusable."""
     from ..batch.job import BatchJob, parse_network_size, resolve_dtype, task_plan
     from ..errors import OptionError
-    from ..serving.checkpoints import parse_checkpoint_specs
+    from ..models.checkpoints import Checkpoints
 
     names, source = args.tasks, args.input
     if args.engine == "ray" and args.gpus_per_actor is None:
         args.gpus_per_actor = 1.0 if args.address or _local_gpu() else 0.0
     gpu = _on_gpu(args)
-    checkpoints = parse_checkpoint_specs(args.checkpoint)
+    checkpoints = Checkpoints.parse(args.checkpoint)
     every, per_task = _sizes(args.size)
     hw = parse_network_size(args.network_size) if args.network_size else None
     plans = []
-    for name in dict.fromkeys(registry.get(n).name for n in names):
-        task = registry.get(name)
+    for task in dict.fromkeys(registry.get(n) for n in names):  # the command's names, looked up once
         values = {o.name: getattr(args, o.name, None) for o in task.options if o.stage == "infer"}
         switches: dict[str, Any] = {}
         for switch in task.cli_switches:
             if getattr(args, switch.flag.lstrip("-").replace("-", "_"), False):
                 switches.update(switch.kwargs)
         plans.append(
-            task_plan(name, values=values, size=per_task.get(name, every), checkpoints=checkpoints,
+            task_plan(task, values=values, size=per_task.get(task, every), checkpoints=checkpoints,
                       pipeline_kwargs=switches, gpu=gpu, network_hw=hw, where=flag)
         )  # fmt: skip
     if args.batch_size < 1 or (args.rows_per_part is not None and args.rows_per_part < 1):
@@ -168,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     for task, where, error in summary.quoted:
-        print(f"error ({registry.get(task).api_name}) {where}: {error}", file=sys.stderr)
+        print(f"error ({task}) {where}: {error}", file=sys.stderr)
     failed = sum(summary.errors.values())
     if failed > len(summary.quoted):
         print(f"... {failed - len(summary.quoted)} more errors (the rows' error column)", file=sys.stderr)
