@@ -114,7 +114,7 @@ def stage_bytes(job: BatchJob, photo: Path) -> list[str]:
         raw = stage.forward([prep])[0]
         hw = stage.cpu_pipeline().network_hw
         sizes = (len(pickle.dumps(prep, protocol=5)), len(pickle.dumps(raw, protocol=5)), intake.work.nbytes)
-        lines.append(f"| {plan.task} | {' | '.join(f'{n:,}' for n in sizes)} | {hw[0] * hw[1] * 3:,} |")
+        lines.append(f"| {plan.task.name} | {' | '.join(f'{n:,}' for n in sizes)} | {hw[0] * hw[1] * 3:,} |")
     return lines
 
 
@@ -139,14 +139,15 @@ def main() -> None:
     torch.set_num_threads(args.threads or available_cpus())
     tmp = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     try:
-        names = [registry.get(t).name for t in args.tasks]
+        tasks = [registry.get(t) for t in args.tasks]  # the command's names, looked up once
+        names = [t.name for t in tasks]
         ckpts = {t: make_tiny_checkpoint(t, tmp / "ckpt" / t) for t in dict.fromkeys([*names, "seg"])}
         photos_dir = tmp / "photos"
         made = make_photos(photos_dir, args.photos, args.photo_side)
         plans = tuple(
             task_plan(t, checkpoints=ckpts, network_hw=args.network_size,
-                      pipeline_kwargs={"detector": None} if t == "pose" else None)
-            for t in names
+                      pipeline_kwargs={"detector": None} if "detector" in t.pipeline.parts else None)
+            for t in tasks
         )  # fmt: skip
         print(f"torch {torch.__version__}, {available_cpus()} CPUs, local torch threads {torch.get_num_threads()}, "
               f"tasks {' '.join(names)}, {len(made)} photos of {args.photo_side} px, network "

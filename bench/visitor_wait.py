@@ -74,7 +74,7 @@ def free_port() -> int:
 
 def serve(folder: Path, threads: int | None = None) -> tuple[Any, str]:
     """The app on tiny checkpoints, served on 127.0.0.1 (as tests/test_app.py does). ``threads``:
-    torch's CPU threads; None leaves the app's own choice (``accel.configure_cpu_threads``)."""
+    torch's CPU threads; None leaves the app's own choice (``runtime.threads.configure_cpu_threads``)."""
     from sapiens2.runtime import heap
 
     # as app.py's start does it: before any other thread allocates (writing the checkpoints
