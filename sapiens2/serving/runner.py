@@ -11,6 +11,7 @@ Errors are ``sapiens2.errors`` objects from end to end (isinstance checks only).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,7 +30,7 @@ from .cache import ModelManager
 from .folders import RequestFolders
 from .gpu_time import reservation, weight_bytes, work_seconds
 from .memory import is_out_of_memory, out_of_memory
-from .present import Presented, Stages, present, run_info
+from .present import Presented, Stages, present, run_info, what_ran
 
 log = logging.getLogger(__name__)
 
@@ -220,17 +221,22 @@ class RequestRunner:
             raise InputImageError(f"The {decl.api_name} task does not compare photos.")
         job = self.job(decl.name, [photo_a, photo_b], size, {})
         a, b = self.results(job)
-        line = run_info(f"{a.info.head()} (both photos)", job.stages)  # one forward made both results
+        # one forward made both results: one line for both
+        line = run_info(f"{what_ran(decl.tab, a.info)}, both photos", job.stages, details=a.info.head())
         return decl.compare.score(a, b), line, [*a.notices, *b.notices]
 
     def run_all(
-        self, photo: Any, requests: Mapping[str, tuple[str | None, Mapping[str, Any]]]
+        self,
+        photo: Any,
+        requests: Mapping[str, tuple[str | None, Mapping[str, Any]]],
+        listener: Callable[[str, str], None] | None = None,
     ) -> dict[str, Presented | Sapiens2Error]:
         """Every requested task (task -> (size, options)) on one photo, in ONE GPU admission that
         yields each task's raws as it finishes. A task that fails gives its error object. When
         ZeroGPU refuses the admission for quota, the tasks that fit in the seconds left run (one
         more admission) and the others get one error saying which, why and what helps; when the
-        GPU fails partway, every task already done is kept."""
+        GPU fails partway, every task already done is kept. ``listener(task, stage)`` is told
+        each task's stages as they start (a page's progress)."""
         read = Stages()
         with read.timed("read"):
             intake = read_photo(photo)
@@ -238,7 +244,7 @@ class RequestRunner:
         jobs: dict[str, Job] = {}
         for task, (size, options) in requests.items():
             try:
-                stages = Stages()
+                stages = Stages(functools.partial(listener, task) if listener else None)
                 stages.seconds.update(read.seconds)  # every task used the one read
                 jobs[task] = self.job(task, [intake], size, options, stages)
             except Sapiens2Error as err:
@@ -280,9 +286,12 @@ class RequestRunner:
         calls = [(j.task.name, j.size, preps, j.infer_opts) for j, _, preps in ready.values()]
         try:
             arrived = t0
+            ready[names[0]][0].stages.starting("device")  # the tasks' forwards run in this order
             for i, raws in self.device_many(calls, self.seconds(*[j for j, _, _ in ready.values()])):
                 ready[names[i]][0].stages.add("device", time.perf_counter() - arrived)  # since the last
                 out[names[i]] = self._present(ready[names[i]], raws, t0)
+                if i + 1 < len(names):
+                    ready[names[i + 1]][0].stages.starting("device")
                 arrived = time.perf_counter()
         except OutOfMemoryError:
             self.manager.trim()

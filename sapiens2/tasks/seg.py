@@ -25,7 +25,13 @@ from ..errors import OptionError
 from ..inputs.intake import Intake
 from ..inputs.network import stretch_release
 from ..models.zoo import get_task
-from ..outputs.render import blend_segmentation, class_shares, label_ids, segmentation_legend
+from ..outputs.render import (
+    blend_segmentation,
+    class_shares,
+    label_ids,
+    segmentation_legend,
+    segmentation_legend_html,
+)
 from ..runtime.accel import openmp_function
 from ..runtime.cpus import available_cpus, cpu_pool
 from .base import Pipeline, TaskResult
@@ -398,6 +404,10 @@ class SegResult(TaskResult):
         ids = sorted(self.shares, key=lambda k: -self.shares[k])
         return segmentation_legend(ids, self.shares)
 
+    def legend_html(self) -> str:
+        """The same legend as readable text (HTML): names for people, largest share first."""
+        return segmentation_legend_html(sorted(self.shares, key=lambda k: -self.shares[k]), self.shares)
+
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out["classes"] = {SEG_CLASS_NAMES[k]: round(v, 6) for k, v in self.shares.items()}
@@ -554,6 +564,6 @@ TASK = Task(
             resolve=seg_class_ids,
         ),
     ),
-    views=(View("image", "Classes found", lambda result, files: result.legend()),),
+    views=(View("html", "Body parts found", lambda result, files: result.legend_html()),),
     video=Video(raw_fields={"labels": None}),
 )
