@@ -134,7 +134,7 @@ def assert_refused(event: str, data: Any, text: str, refusal: tuple[str, str] = 
 def assert_good_seg(server: Server, photo: Any) -> None:
     event, data, text = server.call("seg", seg_args(photo))
     assert event == "complete", text[:300]
-    assert data[-1].startswith("seg ")
+    assert data[-1].startswith("Body parts (")
 
 
 # ----------------------------------------------------------------------------- paths a caller names
@@ -222,7 +222,7 @@ def test_every_file_input_follows_the_rule(server: Server, uploaded: str) -> Non
     }.items():
         assert_refused(*server.call(api, args))
     event, data, _ = server.call("matting", [photo, "1b", "#00b140", photo])  # uploaded background
-    assert event == "complete" and data[-1].startswith("matting ")
+    assert event == "complete" and data[-1].startswith("Matting (")
     event, data, _ = server.call("similarity", [photo, photo, "0.1b"])
     assert event == "complete" and data[0] == pytest.approx(1.0, abs=1e-4)
 
@@ -374,7 +374,7 @@ def test_example_photos_still_run_from_the_page(server: Server) -> None:
         if message.get("msg") == "process_completed":
             break
     assert message.get("success"), message
-    assert message["output"]["data"][-1].startswith("seg ")
+    assert message["output"]["data"][-1].startswith("Body parts (")
 
 
 def test_the_served_examples_folder_serves_nothing_beside_it(server: Server) -> None:

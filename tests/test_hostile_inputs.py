@@ -549,7 +549,7 @@ def good_seg(client: Any, photo: Path) -> None:
     from gradio_client import handle_file
 
     pair, legend, files, line = client.predict(handle_file(str(photo)), "0.4b", 0.5, [], api_name="/seg")
-    assert line.startswith("seg ") and len(files) == 4
+    assert line.startswith("Body parts (") and len(files) == 4
 
 
 @pytest.mark.parametrize(
@@ -579,7 +579,7 @@ def test_app_runs_odd_but_valid_files(client, tmp_path: Path) -> None:
         pair, _, files, line = client.predict(handle_file(str(path)), "0.4b", 0.5, [], api_name="/seg")
         size = Image.open(path).size
         blended = next(f for f in files if f.endswith("_seg.png"))  # downloads keep the photo's size
-        assert Image.open(blended).size == size and line.startswith("seg ")
+        assert Image.open(blended).size == size and line.startswith("Body parts (")
         shown = Image.open(pair[1]).size  # the page's preview: at most 2048 px long (strip: 10000x2)
         assert shown == size if max(size) <= 2048 else max(shown) == 2048
 
@@ -689,4 +689,4 @@ def test_app_data_urls_are_read_by_the_package_not_decoded_by_gradio(client) -> 
     event, data = call_rest(
         client.src, "seg", [data_url(encode(Image.fromarray(person_like()), "PNG")), "0.4b", 0.5, []]
     )
-    assert event == "complete" and data[-1].startswith("seg ")
+    assert event == "complete" and data[-1].startswith("Body parts (")

@@ -233,10 +233,15 @@ class Runner:
         return score, line
 
     def run_all(
-        self, photo: Any, jobs: list[tuple[str, str | None, dict[str, Any]]], progress: Any = None
-    ) -> tuple[dict[str, Presented | Sapiens2Error], str, Stages]:
-        """Every task on one photo: task -> result shown (or the error object), the status line's
-        head ("5 of 6 tasks (skipped: Matting)") and its stages (each task's seconds)."""
+        self,
+        photo: Any,
+        jobs: list[tuple[str, str | None, dict[str, Any]]],
+        progress: Any = None,
+        queued: float | None = None,
+    ) -> tuple[dict[str, Presented | Sapiens2Error], str]:
+        """Every task on one photo: task -> result shown (or the error object), and the status
+        line ("5 of 6 tasks (skipped: Matting): done in ... s", then each task's seconds, after
+        ``queued`` seconds of waiting when known)."""
         from ..tasks import registry
 
         t0 = time.perf_counter()
@@ -275,12 +280,14 @@ class Runner:
             status += " (skipped: " + ", ".join(title[t] for t in failed) + ")"
         done = [v for v in shown.values() if isinstance(v, Presented)]
         stages = Stages()  # the photo was read once for every task: counted once
+        if queued is not None:
+            stages.add("queue", queued)
         read = min((v.stages.seconds.get("read", 0.0) for v in done), default=0.0)
         stages.add("read", read)
         for value in done:
             stages.add(title[value.task], value.stages.total() - read)
-        stages.add("other", max(0.0, time.perf_counter() - t0 - stages.total()))
-        return shown, status, stages
+        stages.add("other", max(0.0, time.perf_counter() - t0 - stages.total() + (queued or 0.0)))
+        return shown, run_info(status, stages)
 
 
 def all_progress(progress: Any, title: Mapping[str, str]) -> Callable[[str, str], None] | None:
@@ -435,9 +442,7 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
     params = all_parameters(tasks)
 
     def endpoint(*args: Any) -> list[Any]:
-        started = time.perf_counter()
         given, progress, request = _split(args, 1 + len(params))
-        queued = waited(request)
         photo, values = given[0], dict(zip((p for _, p, _ in params), given[1:], strict=True))
         jobs = []
         for task in tasks.values():
@@ -445,7 +450,7 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
             jobs.append((task.name, values[f"{task.api_name}_size"], options))
         with BOARD.catching(request, "all", "Run all tasks"):
             refuse(*given)
-            shown, status, stages = run.run_all(photo, jobs, progress)
+            shown, status = run.run_all(photo, jobs, progress, waited(request))
         out: list[Any] = []
         for task in tasks.values():
             value = shown.get(task.name)
@@ -454,13 +459,7 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
             else:  # skipped: the tab says why
                 why = f"{task.tab} did not run. {for_visitor(value)}" if value is not None else None
                 out.extend([None] * (2 + len(task.views)) + [why])
-        summary = Stages()
-        if queued is not None:
-            summary.add("queue", queued)
-        for name, seconds in stages.seconds.items():
-            summary.add(name, seconds)
-        total = (queued or 0.0) + time.perf_counter() - started
-        return [*out, run_info(status, summary, total=total)]
+        return [*out, status]
 
     docs = [("photo", "the photo (file).")]
     for task, name, opt in params:

@@ -180,8 +180,7 @@ def task_tab(
                     compare_block(run, task, photo, size)
                 add_examples(photo, task, handler, parts, examples)
             with gr.Column(scale=2):
-                render_results(outputs)
-                fold = operator_fold(operator)
+                fold = render_results(outputs, lambda: operator_fold(operator))
                 for entry in task.on_demand:
                     on_demand_block(run, task, entry, outputs[-2])  # after the downloads
     event = button.click(

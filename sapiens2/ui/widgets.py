@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
@@ -75,7 +76,7 @@ def view_widget(view: View) -> gr.components.Component:
     if view.kind == "image":
         return gr.Image(label=view.label, type="numpy", height=240, render=False)
     if view.kind == "html":
-        return gr.HTML(label=view.label, show_label=True, render=False)
+        return gr.HTML(label=view.label, render=False)
     if view.kind == "model3d":
         # "solid": meshes render as surfaces; a POINTS primitive still renders as points
         return gr.Model3D(label=view.label, display_mode="solid", height=360, render=False)
@@ -108,8 +109,15 @@ def result_widgets(task: Task) -> list[gr.components.Component]:
     return [slider, *(view_widget(v) for v in task.views), files, info]
 
 
-def render_results(components: list[gr.components.Component]) -> None:
-    """Show a tab's outputs: the before/after view, the run info under it, then the rest."""
+def render_results(
+    components: list[gr.components.Component], under_info: Callable[[], Any] | None = None
+) -> Any:
+    """Show a tab's outputs: the before/after view, the run info under it, then what
+    ``under_info()`` makes (its value is returned), then the rest."""
     slider, *rest, info = components
-    for c in (slider, info, *rest):
+    slider.render()
+    info.render()
+    made = under_info() if under_info is not None else None
+    for c in rest:
         c.render()
+    return made
