@@ -277,7 +277,9 @@ def test_uploads_and_data_urls_work_and_outputs_stay_in_their_folder(server: Ser
     assert event == "complete"
     new = [p for p in set(server.requests_root.rglob("*")) - before if p.is_file()]
     previews = [p for p in new if p.parent.name == "preview"]  # the page's small pictures
-    assert sorted(p.name for p in previews) == ["after.jpg", "after.jpg", "before.jpg", "before.jpg"]
+    assert sorted(p.name for p in previews) == [  # named after the photo (the page's download button)
+        "evil_name_preview.jpg", "evil_name_seg_preview.jpg", "image_preview.jpg", "image_seg_preview.jpg",
+    ]  # fmt: skip
     written = [p for p in new if p not in previews]
     folders = {p.parent for p in written}
     assert {p.parent.parent for p in previews} == folders

@@ -640,8 +640,8 @@ def test_app_upload_names_never_become_paths(client, tmp_path: Path) -> None:
     before = set(client.requests_root.rglob("*"))
     client.predict(handle_file(str(odd)), "0.4b", 0.5, [], api_name="/seg")
     written = sorted(set(client.requests_root.rglob("*")) - before)
-    previews = [p for p in written if p.is_file() and p.parent.name == "preview"]  # fixed names
-    assert sorted(p.name for p in previews) == ["after.jpg", "before.jpg"]
+    previews = [p for p in written if p.is_file() and p.parent.name == "preview"]  # the photo's safe stem
+    assert sorted(p.name for p in previews) == ["etcx_preview.jpg", "etcx_seg_preview.jpg"]
     files = [p for p in written if p.is_file() and p not in previews]
     assert len(files) == 4 and len({p.parent for p in files}) == 1  # one fresh folder per request
     assert previews[0].parent.parent == files[0].parent

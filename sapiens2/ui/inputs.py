@@ -256,6 +256,8 @@ def _check_paths_before_gradio(blocks: gr.Blocks | None) -> None:
                 checked = received(value.get("path"), served, photo)
                 if isinstance(checked, Refused):
                     refused[i] = checked
+        if refused and len(inputs) != len(block_fn.inputs):  # Gradio would refuse the count first
+            raise next(iter(refused.values())).error()
         if refused:
             inputs = [None if i in refused else v for i, v in enumerate(inputs)]
         processed = await gradio_preprocess_data(block_fn, inputs, *args, **kwargs)

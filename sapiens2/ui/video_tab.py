@@ -18,7 +18,7 @@ from ..video.handlers import TrackingOptions
 from ..video.reader import VideoLimits
 from .gpu import device_call, device_video
 from .handlers import BOARD, Runner, reported, shown_error, warn
-from .inputs import Refused, clip_input, refuse
+from .inputs import clip_input, refuse
 from .widgets import OUTPUT_FILES, checked_by_package, size_dropdown
 
 #: What one clip may cost in this app (uploads are capped at MAX_FILE_BYTES by Gradio too).
@@ -112,8 +112,7 @@ class VideoEndpoints:
     def plan(self, clip: Any, task: Any, size: Any, stride: Any, max_frames: Any) -> str:
         if clip is None:
             return "Upload a clip to see its frame count and the time the run will take."
-        if isinstance(clip, Refused):
-            return f"Cannot run this clip: {clip.message}"
+        refuse(clip)  # an error, as the run's: an API caller sees the refusal as such
         try:
             with reported(self.manager):
                 job = self.job(clip, task, size, stride, max_frames)
