@@ -150,13 +150,15 @@ def on_demand_block(run: Runner, task: Task, entry: OnDemand, downloads: gr.File
     ).failure(shown_error(entry.api_name, False), None, [info], api_visibility="private", queue=False)
 
 
-def operator_fold(operator: bool) -> list[Any]:
+def operator_fold(operator: bool, key: str) -> list[Any]:
     """Under the run info on a local launch: a fold for the operator's details of an error
     (hidden until one happens); nothing on a public server."""
     if not operator:
         return []
     with gr.Accordion("Details for this server's operator", open=False, visible=False) as fold:
-        details = gr.Textbox(show_label=False, interactive=False, lines=3, max_lines=12)
+        details = gr.Textbox(
+            show_label=False, interactive=False, lines=3, max_lines=12, elem_id=f"{key}-operator"
+        )
     return [fold, details]
 
 
@@ -180,7 +182,7 @@ def task_tab(
                     compare_block(run, task, photo, size)
                 add_examples(photo, task, handler, parts, examples)
             with gr.Column(scale=2):
-                fold = render_results(outputs, lambda: operator_fold(operator))
+                fold = render_results(outputs, lambda: operator_fold(operator, task.name))
                 for entry in task.on_demand:
                     on_demand_block(run, task, entry, outputs[-2])  # after the downloads
     event = button.click(
