@@ -52,7 +52,7 @@ from request import make_photo  # noqa: E402  (bench/request.py: an assets photo
 PHOTOS = ("1920x1080", "4000x3000", "8000x6000")
 #: ``pointmap_mesh``: the extra wait of a visitor who then asks for the full-resolution mesh
 TASKS = ("pose", "seg", "normal", "pointmap", "pointmap_mesh", "matting", "features")
-TOTAL = re.compile(r"total ([0-9.]+) s")
+TOTAL = re.compile(r": done in ([0-9.]+) s\.")  # the run info's first line (serving.present.run_info)
 
 
 def floor_seconds(photo: Path, folder: Path) -> float:
