@@ -107,9 +107,9 @@ def test_the_upload_record_and_the_request_context() -> None:
 def test_the_examples_cache_event_can_join_the_models_concurrency_group() -> None:
     """Entry 6: ``share_model_slots`` sets the concurrency group of the examples' lazy-cache run
     on its ``BlockFunction``, found by the dependency's id in the Blocks being built."""
-    from sapiens2.ui.layout import MODELS, share_model_slots
-
     from gradio.helpers import Examples
+
+    from sapiens2.ui.layout import MODELS, share_model_slots
 
     entry = "examples' concurrency group"
     assert "cache_mode" in params(Examples.__init__), changed(entry, "gradio.helpers.Examples")
