@@ -34,7 +34,7 @@ pytest.importorskip("gradio")
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 from sapiens2.inputs.limits import MAX_FILE_BYTES  # noqa: E402
-from sapiens2.ui.inputs import NOT_UPLOADED, NOT_UPLOADED_CLIP  # noqa: E402
+from sapiens2.ui.inputs import EXPIRED, NOT_UPLOADED, NOT_UPLOADED_CLIP  # noqa: E402
 
 EXAMPLE = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"  # small: 640x426
 META = {"_type": "gradio.FileData"}
@@ -211,6 +211,25 @@ def test_a_fifo_never_stalls_the_queue(server: Server, uploaded: str, tmp_path: 
     finally:
         server.demo.upload_file_set.discard(str(fifo))
         shutil.rmtree(planted)
+
+
+def test_an_upload_that_expired_while_waiting_is_told_to_upload_again(server: Server, tmp_path: Path) -> None:
+    """Gradio deletes uploads after a while (the app's delete_cache): one that expired in a long
+    queue is told so, and to upload again. Told from the path's text alone: a path in the upload
+    folder gets the one answer whether a file is there or not, so it reveals nothing."""
+    from gradio.utils import get_upload_folder
+
+    photo = tmp_path / "expiring.png"
+    Image.open(EXAMPLE).resize((48, 64)).save(photo)  # its own content: its own upload folder
+    path = server.upload(photo)
+    assert server.call("seg", seg_args({"path": path, "meta": META}))[0] == "complete"
+    server.demo.upload_file_set.discard(path)  # what delete_cache does, with the file
+    answers = set()
+    for gone in (path, str(Path(get_upload_folder()) / uuid.uuid4().hex / "photo.png")):
+        event, data, text = server.call("seg", seg_args({"path": gone, "meta": META}))
+        assert_refused(event, data, text, (EXPIRED.format(what="photo"), "Image problem"))
+        answers.add(text.split("data: ", 1)[1])
+    assert len(answers) == 1 and "expired" in data["error"] and "Upload the photo again" in data["error"]
 
 
 def test_every_file_input_follows_the_rule(server: Server, uploaded: str) -> None:

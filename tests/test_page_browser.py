@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -243,14 +242,3 @@ def run_tab_info(page: Any, tab: str, key: str) -> str:
     info = page.locator(f"#{key}-info textarea")
     expect(info).not_to_have_value("", timeout=30_000)
     return info.input_value()
-
-
-def test_a_legend_html_is_plain_text_for_people() -> None:
-    """The legend's HTML (no browser): names for people, shares, swatches hidden from readers."""
-    from sapiens2.outputs.render import segmentation_legend_html
-
-    text = segmentation_legend_html([22, 3, 21], {22: 0.5, 3: 0.25, 21: 0.0})
-    assert "Torso: 50.0%" in text and "Face and neck: 25.0%" in text
-    assert "Right upper leg" not in text  # 0.0%: left out, as in the picture
-    assert "_" not in re.sub(r"<[^>]*>", "", text) and text.count('aria-hidden="true"') == 2
-    assert np.all([label[0].isupper() for label in SEG_CLASS_LABELS])
