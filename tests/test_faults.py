@@ -162,7 +162,9 @@ def test_weights_unavailable_then_available(tiny_checkpoints, offline, app_modul
     assert err.value.title == "Weights unavailable"
     # the visitor gets one plain sentence; the operator's details (the log, a local page's fold)
     # name the repository, the setting and the exact place to put the file
-    assert err.value.message.startswith("This model's weights are not") and "SAPIENS2" not in err.value.message
+    assert (
+        err.value.message.startswith("This model's weights are not") and "SAPIENS2" not in err.value.message
+    )
     text = err.value.details
     assert "facebook/sapiens2-seg-0.8b" in text and "SAPIENS2_CHECKPOINTS" in text
     assert str(offline["root"] / "seg" / "sapiens2_0.8b_seg.safetensors") in text

@@ -425,7 +425,10 @@ def test_present_writes_side_by_side_the_files_a_sequential_save_writes(tmp_path
     from sapiens2.tasks import registry
 
     task = registry.get(result.info.task).api_name
-    assert [p.name for p in shown.previews] == [f"{result.name}_preview.jpg", f"{result.name}_{task}_preview.jpg"]
+    assert [p.name for p in shown.previews] == [
+        f"{result.name}_preview.jpg",
+        f"{result.name}_{task}_preview.jpg",
+    ]
     assert all(p.is_file() for p in shown.previews)
     assert list(shown.stages.seconds) == ["render", "downloads", "previews", "views"]
 
