@@ -4,7 +4,8 @@ The rule (issue 11): a file input takes (a) a file Gradio's upload route wrote f
 (``POST /gradio_api/upload``; the page uploads this way too), (b) a file this server itself gave
 the component (an example photo), or (c) the bytes of a data URL. Any other path a caller sends
 is refused with :data:`NOT_UPLOADED`, the same words whatever the path names (an image, a text
-file, a folder, a FIFO, nothing at all), before anything opens it. The video clip input
+file, a folder, a FIFO, nothing at all), before anything opens it (a path in Gradio's upload
+folder gets :data:`EXPIRED` instead, below). The video clip input
 (:func:`clip_input`) follows the same rule without (c), refused with :data:`NOT_UPLOADED_CLIP`.
 
 Why the preprocess override does the check rather than Gradio (6.31, read in its source):
@@ -191,17 +192,9 @@ def clip_input(**kwargs: Any) -> gr.File:
     return clip
 
 
-def received_path(path: object, served: Collection[str] = (), photo: bool = True) -> str:
-    """``path`` (resolved) if Gradio's upload route wrote it for the running app or it is in
-    ``served``; otherwise gr.Error (:func:`refusal`). Nothing here opens the file."""
-    value = received(path, served, photo)
-    if isinstance(value, Refused):
-        raise value.error()
-    return value
-
-
 def received(path: object, served: Collection[str] = (), photo: bool = True) -> str | Refused:
-    """:func:`received_path`, with a refusal returned as a :class:`Refused` value."""
+    """``path`` (resolved) if Gradio's upload route wrote it for the running app or it is in
+    ``served``; otherwise its :class:`Refused` value (:func:`refusal`). Nothing here opens the file."""
     blocks = LocalContext.blocks.get(None)  # the app serving this request (set by Gradio)
     # one copy made in C (atomic under the GIL): the upload route and delete_cache change the set
     uploads = list(getattr(blocks, "upload_file_set", ()))
