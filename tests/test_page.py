@@ -119,3 +119,24 @@ def test_the_arrival_stamp_gives_the_wait_before_the_function() -> None:
     assert arrival.waited(request) >= 0.0
     assert arrival.waited(None) is None and arrival.waited(SimpleNamespace(request=None)) is None
     assert arrival.app_kwargs()["middleware"][0].cls is arrival.StampArrival
+
+
+def test_the_failure_step_gives_one_value_per_output() -> None:
+    """The ``.failure`` step's values: the run info alone (a public server, or a one-output event)
+    or the run info, the operator's fold and its text (a local launch)."""
+    from sapiens2.ui.handlers import BOARD, shown_error
+
+    visitor = SimpleNamespace(session_hash="s")
+    for operator in (False, True):
+        with pytest.raises(gr.Error), BOARD.catching(visitor, "seg", "Body parts"):
+            raise user_error(WeightsUnavailableError("No file at /data/seg: set SAPIENS2_CHECKPOINTS."))
+        values = shown_error("seg", operator)(visitor)
+        if not operator:
+            assert isinstance(values, str) and values.startswith(
+                "Body parts did not run. Weights unavailable: "
+            )
+            continue
+        text, fold, details = values
+        assert text.startswith("Body parts did not run.") and "SAPIENS2" not in text
+        assert fold.visible is True and "SAPIENS2_CHECKPOINTS" in details
+    assert shown_error("seg", False)(visitor).startswith("The run stopped with an error")  # nothing kept

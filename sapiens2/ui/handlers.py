@@ -256,18 +256,19 @@ class Runner:
         if any(isinstance(v, OutOfMemoryError) for v in failed.values()):
             self.manager.trim()  # later tasks loaded models again after the failure's trim
         if failed and len(failed) == len(jobs):
-            lines = dict.fromkeys(
-                for_visitor(v) if "Not run:" in str(v) else f"{title[t]}: {for_visitor(v)}"
-                for t, v in failed.items()
-            )
-            for v in failed.values():
+            said: dict[str, list[str]] = {}  # one sentence, the tasks it stopped
+            for t, v in failed.items():
                 user_error(v)  # logs the operator's details
-            raise gr.Error("No task could run: " + " | ".join(lines), title="Run all tasks")
-        said: set[int] = set()  # tasks refused together share one error: say it once
+                said.setdefault(for_visitor(v), []).append(title[t])
+            lines = [
+                text if "Not run:" in text else f"{', '.join(tabs)}: {text}" for text, tabs in said.items()
+            ]
+            raise gr.Error("No task could run: " + " | ".join(lines))
+        told: set[int] = set()  # tasks refused together share one error: say it once
         for task, value in shown.items():
             if isinstance(value, Sapiens2Error):
-                if id(value) not in said:
-                    said.add(id(value))
+                if id(value) not in told:
+                    told.add(id(value))
                     user_error(value)  # logs the operator's details
                     text = for_visitor(value)
                     gr.Warning(
@@ -471,14 +472,16 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
     return _endpoint(endpoint, "all_tasks", ["photo", *(p for _, p, _ in params)], _docstring(summary, docs))
 
 
-def shown_error(event: str, operator: bool) -> Callable[..., list[Any]]:
+def shown_error(event: str, operator: bool) -> Callable[..., Any]:
     """The page's ``.failure`` step of ``event``: the error it raised, for the tab's run info,
     then (where ``operator``: a local launch) the operator's fold (visible or not) and its text."""
 
-    def show(request: gr.Request) -> list[Any]:
+    def show(request: gr.Request) -> Any:
         shown = BOARD.take(request, event)
         text = shown.text if shown else "The run stopped with an error (see the message that popped up)."
-        details = shown.details if shown and operator else ""
-        return [text] + ([gr.Accordion(visible=bool(details)), details] if operator else [])
+        if not operator:
+            return text  # one output: its value
+        details = shown.details if shown else ""
+        return [text, gr.Accordion(visible=bool(details)), details]
 
     return show
