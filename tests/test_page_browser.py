@@ -171,7 +171,8 @@ def test_errors_stay_in_the_tab_in_plain_words_and_a_non_image_is_named_on_arriv
 
 def test_controls_agree_with_each_other(app_url: str) -> None:
     """Item 11: an option that matters only when a switch is on is greyed out while it is off
-    (normals' and albedo's background); no similarity score shows before a comparison ran."""
+    (normals' and albedo's background); no similarity score shows before a comparison ran.
+    Item 12: an empty list of output files offers no upload."""
     with sync_api.sync_playwright() as pw:
         browser, page = open_page(pw, app_url)
         try:
@@ -191,6 +192,11 @@ def test_controls_agree_with_each_other(app_url: str) -> None:
             expect(photo_bg).to_be_enabled()
             switch.uncheck()
             expect(photo_bg).to_be_disabled(timeout=10_000)
+
+            page.get_by_role("tab", name="Pointmap / 3D", exact=True).click()  # item 12: no upload area
+            lists = page.locator(".sapiens2-output-files").filter(visible=True)
+            expect(lists).to_have_count(2)  # the downloads and the full-resolution files, both empty
+            assert "Drop File Here" not in lists.first.inner_text() + lists.last.inner_text()
 
             page.get_by_role("tab", name="Features", exact=True).click()
             expect(page.get_by_role("button", name="Compare the two photos")).to_be_visible()
