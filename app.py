@@ -29,12 +29,14 @@ from sapiens2.models import hub_cache
 from sapiens2.models.checkpoints import CHECKPOINTS_ENV, Checkpoints
 from sapiens2.runtime import heap
 from sapiens2.tasks import registry
-from sapiens2.zerogpu.entry import resident_changed
-from sapiens2.zerogpu.quota import ACTIVATION_HEADROOM_BYTES, cache_budget_bytes
+from sapiens2.ui import arrival
 from sapiens2.ui.handlers import Runner
-from sapiens2.ui.inputs import photo_input
+from sapiens2.ui.inputs import photo_input, say_on_arrival
 from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
 from sapiens2.ui.video_tab import video_tab
+from sapiens2.ui.widgets import PAGE_CSS
+from sapiens2.zerogpu.entry import resident_changed
+from sapiens2.zerogpu.quota import ACTIVATION_HEADROOM_BYTES, cache_budget_bytes
 
 log = logging.getLogger("sapiens2.app")
 
@@ -54,8 +56,13 @@ def build_demo(
     concurrency: int | None = None,
     max_queue: int = MAX_QUEUE,
     folders: serving.RequestFolders | None = None,
+    operator: bool | None = None,
 ) -> gr.Blocks:
-    """The whole app as a ``gr.Blocks`` (tests drive exactly this object and its endpoints)."""
+    """The whole app as a ``gr.Blocks`` (tests drive exactly this object and its endpoints).
+    ``operator``: an error also shows the operator's details in a fold (default: everywhere but
+    on a Hugging Face Space, where visitors get the plain sentence only and the log the details)."""
+    if operator is None:
+        operator = not os.environ.get("SPACE_ID")
     heap.configure()  # before request threads allocate: they then share one heap (sapiens2/runtime/heap.py)
     manager = manager or serving.ModelManager(checkpoints=Checkpoints.from_env(), on_change=resident_changed)
     run = Runner(manager, folders or serving.RequestFolders())
@@ -77,6 +84,7 @@ def build_demo(
                     sources=["upload", "webcam", "clipboard"],
                     height=340,
                 )
+                say_on_arrival(photo, gr.Markdown(elem_id="photo-status"))
             with gr.Column(scale=2):
                 all_button = gr.Button("Run all tasks", variant="secondary")
                 all_status = gr.Textbox(label="Run all tasks: status", interactive=False, max_lines=4)
@@ -85,7 +93,7 @@ def build_demo(
                     "and results mapped back. Weights download from the Hub on first use."
                 )
         with gr.Tabs():
-            tabs = [task_tab(run, task, photo, EXAMPLES) for task in tasks.values()]
+            tabs = [task_tab(run, task, photo, EXAMPLES, operator) for task in tasks.values()]
             video_tab(run, MODELS)  # its own clip input; /video and /video_plan
         all_tasks_event(run, tasks, tabs, photo, all_button, all_status)
         with gr.Accordion("About Sapiens2, licence and links", open=False):
@@ -184,6 +192,8 @@ def launch(
         max_file_size=MAX_FILE_SIZE,
         allowed_paths=[str(ASSETS)],
         mcp_server=_mcp_available(),
+        app_kwargs=arrival.app_kwargs(),  # the run info's queue stage (sapiens2/ui/arrival.py)
+        css=PAGE_CSS,
         **extra,
     )
 

@@ -6,15 +6,40 @@ from typing import Any
 
 
 class Sapiens2Error(Exception):
-    """Base class: anything the package raises on purpose."""
+    """Base class: anything the package raises on purpose.
+
+    ``str(err)`` is the whole message, for whoever can act on it (a library or CLI user, a
+    server's operator). ``plain`` is None, or one plain sentence for a visitor of a public page
+    where the message holds operator details (paths, environment variables): :func:`for_visitor`."""
+
+    plain: str | None = None
+
+
+def for_visitor(err: BaseException) -> str:
+    """What a visitor of a public server is told about ``err``: its plain sentence, or its message."""
+    return getattr(err, "plain", None) or str(err)
 
 
 class WeightsUnavailableError(Sapiens2Error):
-    """The checkpoint file could not be found locally nor downloaded (offline, missing, timeout)."""
+    """The checkpoint file could not be found locally nor downloaded (offline, missing, timeout).
+
+    The message names files, folders and settings for the operator; ``plain`` says it for a visitor."""
+
+    plain: str | None = (
+        "This model's weights are not available on this server right now, so it cannot run. "
+        "Other tabs may still work."
+    )
+
+    def __init__(self, message: str, *, plain: str | None = None) -> None:
+        super().__init__(message)
+        if plain is not None:
+            self.plain = plain  # kept by pickling (the instance's __dict__ travels with it)
 
 
 class CheckpointError(Sapiens2Error):
     """A checkpoint file exists but is unusable: corrupt, another task or size, wrong keys."""
+
+    plain = "This server's copy of the model's weights cannot be used, so it cannot run. Other tabs may still work."
 
 
 class InputImageError(Sapiens2Error, ValueError):
@@ -48,6 +73,8 @@ class VideoEncodeError(Sapiens2Error):
 class DiskFullError(WeightsUnavailableError):
     """A download or write failed because the disk is full (ENOSPC); the message names the folder."""
 
+    plain = "The server's disk is full, so this cannot run now. Please try again later."
+
 
 class DeviceError(Sapiens2Error, RuntimeError):
     """The weights read fine but the device could not take them (no CUDA, an emulated device ...)."""
@@ -57,6 +84,8 @@ class ResidencyError(WeightsUnavailableError):
     """Device work (a GPU function, a ZeroGPU worker) needed weights the server had not loaded
     first: it never loads them itself. A kind of unavailability, so that the fallbacks for missing
     optional weights (the person detector, a borrowed segmentation) apply, with this message."""
+
+    plain = "The server was not ready for this request (its model was not loaded). Please try again."
 
 
 class GpuUnavailableError(Sapiens2Error, RuntimeError):

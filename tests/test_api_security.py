@@ -34,7 +34,7 @@ pytest.importorskip("gradio")
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 from sapiens2.inputs.limits import MAX_FILE_BYTES  # noqa: E402
-from sapiens2.ui.inputs import NOT_UPLOADED, NOT_UPLOADED_CLIP  # noqa: E402
+from sapiens2.ui.inputs import EXPIRED, NOT_UPLOADED, NOT_UPLOADED_CLIP  # noqa: E402
 
 EXAMPLE = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"  # small: 640x426
 META = {"_type": "gradio.FileData"}
@@ -134,7 +134,7 @@ def assert_refused(event: str, data: Any, text: str, refusal: tuple[str, str] = 
 def assert_good_seg(server: Server, photo: Any) -> None:
     event, data, text = server.call("seg", seg_args(photo))
     assert event == "complete", text[:300]
-    assert data[-1].startswith("seg ")
+    assert data[-1].startswith("Body parts (")
 
 
 # ----------------------------------------------------------------------------- paths a caller names
@@ -213,6 +213,25 @@ def test_a_fifo_never_stalls_the_queue(server: Server, uploaded: str, tmp_path: 
         shutil.rmtree(planted)
 
 
+def test_an_upload_that_expired_while_waiting_is_told_to_upload_again(server: Server, tmp_path: Path) -> None:
+    """Gradio deletes uploads after a while (the app's delete_cache): one that expired in a long
+    queue is told so, and to upload again. Told from the path's text alone: a path in the upload
+    folder gets the one answer whether a file is there or not, so it reveals nothing."""
+    from gradio.utils import get_upload_folder
+
+    photo = tmp_path / "expiring.png"
+    Image.open(EXAMPLE).resize((48, 64)).save(photo)  # its own content: its own upload folder
+    path = server.upload(photo)
+    assert server.call("seg", seg_args({"path": path, "meta": META}))[0] == "complete"
+    server.demo.upload_file_set.discard(path)  # what delete_cache does, with the file
+    answers = set()
+    for gone in (path, str(Path(get_upload_folder()) / uuid.uuid4().hex / "photo.png")):
+        event, data, text = server.call("seg", seg_args({"path": gone, "meta": META}))
+        assert_refused(event, data, text, (EXPIRED.format(what="photo"), "Image problem"))
+        answers.add(text.split("data: ", 1)[1])
+    assert len(answers) == 1 and "expired" in data["error"] and "Upload the photo again" in data["error"]
+
+
 def test_every_file_input_follows_the_rule(server: Server, uploaded: str) -> None:
     photo = {"path": uploaded, "meta": META}
     for api, args in {
@@ -222,7 +241,7 @@ def test_every_file_input_follows_the_rule(server: Server, uploaded: str) -> Non
     }.items():
         assert_refused(*server.call(api, args))
     event, data, _ = server.call("matting", [photo, "1b", "#00b140", photo])  # uploaded background
-    assert event == "complete" and data[-1].startswith("matting ")
+    assert event == "complete" and data[-1].startswith("Matting (")
     event, data, _ = server.call("similarity", [photo, photo, "0.1b"])
     assert event == "complete" and data[0] == pytest.approx(1.0, abs=1e-4)
 
@@ -277,7 +296,9 @@ def test_uploads_and_data_urls_work_and_outputs_stay_in_their_folder(server: Ser
     assert event == "complete"
     new = [p for p in set(server.requests_root.rglob("*")) - before if p.is_file()]
     previews = [p for p in new if p.parent.name == "preview"]  # the page's small pictures
-    assert sorted(p.name for p in previews) == ["after.jpg", "after.jpg", "before.jpg", "before.jpg"]
+    assert sorted(p.name for p in previews) == [  # named after the photo (the page's download button)
+        "evil_name_preview.jpg", "evil_name_seg_preview.jpg", "image_preview.jpg", "image_seg_preview.jpg",
+    ]  # fmt: skip
     written = [p for p in new if p not in previews]
     folders = {p.parent for p in written}
     assert {p.parent.parent for p in previews} == folders
@@ -374,7 +395,7 @@ def test_example_photos_still_run_from_the_page(server: Server) -> None:
         if message.get("msg") == "process_completed":
             break
     assert message.get("success"), message
-    assert message["output"]["data"][-1].startswith("seg ")
+    assert message["output"]["data"][-1].startswith("Body parts (")
 
 
 def test_the_served_examples_folder_serves_nothing_beside_it(server: Server) -> None:

@@ -147,17 +147,17 @@ def test_pose(client: Client) -> None:
     )
     assert all(len(p["face_kpts"]) == 204 for p in json.loads(by_name["coco_wholebody.json"].read_text()))
     assert Image.open(by_name["openpose.png"]).size == PHOTO_WH
-    assert line.startswith("pose ") and "cpu" in line and "model" in line
+    assert line.startswith("Pose (") and "cpu" in line and "model" in line
 
 
 def test_seg(client: Client) -> None:
     pair, legend, files, line = client.predict(photo(), "0.4b", 0.5, ["Face_Neck", "Torso"], api_name="/seg")
     check_slider(pair)
-    assert Image.open(legend).size[0] > 0
+    assert "<li" in legend and ("Face and neck" in legend or "Torso" in legend)  # the legend as text
     found = check_files(files, {".png", ".npy"})
     labels = np.load(found[".npy"])
     assert labels.shape == PHOTO_WH[::-1] and labels.max() < 29
-    assert line.startswith("seg ")
+    assert line.startswith("Body parts (")
 
 
 def test_normal(client: Client) -> None:
@@ -165,7 +165,7 @@ def test_normal(client: Client) -> None:
     check_slider(pair)
     normals = np.load(check_files(files, {".png", ".npy"})[".npy"])
     assert normals.shape == (*PHOTO_WH[::-1], 3)
-    assert line.startswith("normal ")
+    assert line.startswith("Normals (")
 
 
 def test_pointmap(client: Client, served) -> None:
@@ -176,7 +176,7 @@ def test_pointmap(client: Client, served) -> None:
     names = {Path(p).name.split("_", 1)[-1] for p in files}
     assert {"mesh_preview.glb", "pointcloud.glb", "pointmap.npy", "depth.npy", "depth.png"} <= names
     assert not {"mesh.glb", "mesh.ply", "pointcloud.ply"} & names  # the full-resolution files: on request
-    assert line.startswith("pointmap ")
+    assert line.startswith("Pointmap / 3D (")
 
 
 def test_the_full_resolution_mesh_is_made_on_request(client: Client, served) -> None:
@@ -215,7 +215,7 @@ def test_matting(client: Client) -> None:
     found = check_files(files, {".png"})
     modes = {Image.open(p).mode for p in files}
     assert "RGBA" in modes  # the cut-out
-    assert found and line.startswith("matting ")
+    assert found and line.startswith("Matting (")
 
 
 def test_features_and_similarity(client: Client) -> None:
@@ -225,7 +225,7 @@ def test_features_and_similarity(client: Client) -> None:
     assert emb.ndim == 1 and summary["dim"] == emb.shape[0]
     score, sim_line = client.predict(photo(), photo(), "0.1b", api_name="/similarity")
     assert score == pytest.approx(1.0, abs=1e-4)  # a photo is identical to itself
-    assert sim_line.count("features") == 1 and "(both photos)" in sim_line  # one line, not two alike
+    assert sim_line.count("features") == 1 and "both photos" in sim_line  # one line, not two alike
 
 
 def test_all_tasks(client: Client) -> None:
@@ -235,7 +235,7 @@ def test_all_tasks(client: Client) -> None:
     pose, seg, normal, pointmap, matting, feats = (
         values[0:5], values[5:9], values[9:12], values[12:16], values[16:19], values[19:23]
     )  # fmt: skip
-    assert values[-1].startswith("6 of 6 tasks done")
+    assert values[-1].startswith("6 of 6 tasks:")
     check_pose_json(pose[1])
     for pair in (pose[0], seg[0], normal[0], pointmap[0], matting[0], feats[0]):
         check_slider(pair)
@@ -276,7 +276,10 @@ def test_without_weights_the_ui_serves_and_requests_name_the_repo(bare_client: C
     import urllib.request
 
     assert urllib.request.urlopen(served[1][1], timeout=30).status == 200
-    with pytest.raises(Exception, match=r"facebook/sapiens2-seg-0\.4b.*SAPIENS2_CHECKPOINTS"):
+    # a visitor (an API caller too) gets one plain sentence; the repository and the settings are
+    # the operator's details: the server log (and a local page's fold, tests/test_page_browser.py)
+    with pytest.raises(Exception, match=r"weights are not (available )?on this server") as err:
         bare_client.predict(photo(), "0.4b", 0.5, [], api_name="/seg")
+    assert "SAPIENS2_CHECKPOINTS" not in str(err.value)
     with pytest.raises(Exception, match=r"No task could run"):
         bare_client.predict(photo=photo(), api_name="/all")

@@ -83,7 +83,7 @@ def test_every_tab_renders_and_an_example_runs(app_url: str, tmp_path_factory) -
             page.locator("#pose-examples .gallery-item").first.click()
             page.locator("#pose-result img").first.wait_for(state="visible", timeout=120_000)
             info = page.locator("#pose-info textarea")
-            sync_api.expect(info).to_have_value(lambda_prefix("pose "), timeout=30_000)
+            sync_api.expect(info).to_have_value(lambda_prefix("Pose ("), timeout=30_000)
 
             for label, button, key in TABS:
                 page.get_by_role("tab", name=label, exact=True).click()

@@ -551,7 +551,7 @@ def good_seg(client: Any, photo: Path) -> None:
     from gradio_client import handle_file
 
     pair, legend, files, line = client.predict(handle_file(str(photo)), "0.4b", 0.5, [], api_name="/seg")
-    assert line.startswith("seg ") and len(files) == 4
+    assert line.startswith("Body parts (") and len(files) == 4
 
 
 @pytest.mark.parametrize(
@@ -581,7 +581,7 @@ def test_app_runs_odd_but_valid_files(client, tmp_path: Path) -> None:
         pair, _, files, line = client.predict(handle_file(str(path)), "0.4b", 0.5, [], api_name="/seg")
         size = Image.open(path).size
         blended = next(f for f in files if f.endswith("_seg.png"))  # downloads keep the photo's size
-        assert Image.open(blended).size == size and line.startswith("seg ")
+        assert Image.open(blended).size == size and line.startswith("Body parts (")
         shown = Image.open(pair[1]).size  # the page's preview: at most 2048 px long (strip: 10000x2)
         assert shown == size if max(size) <= 2048 else max(shown) == 2048
 
@@ -642,8 +642,8 @@ def test_app_upload_names_never_become_paths(client, tmp_path: Path) -> None:
     before = set(client.requests_root.rglob("*"))
     client.predict(handle_file(str(odd)), "0.4b", 0.5, [], api_name="/seg")
     written = sorted(set(client.requests_root.rglob("*")) - before)
-    previews = [p for p in written if p.is_file() and p.parent.name == "preview"]  # fixed names
-    assert sorted(p.name for p in previews) == ["after.jpg", "before.jpg"]
+    previews = [p for p in written if p.is_file() and p.parent.name == "preview"]  # the photo's safe stem
+    assert sorted(p.name for p in previews) == ["etcx_preview.jpg", "etcx_seg_preview.jpg"]
     files = [p for p in written if p.is_file() and p not in previews]
     assert len(files) == 4 and len({p.parent for p in files}) == 1  # one fresh folder per request
     assert previews[0].parent.parent == files[0].parent
@@ -691,4 +691,4 @@ def test_app_data_urls_are_read_by_the_package_not_decoded_by_gradio(client) -> 
     event, data = call_rest(
         client.src, "seg", [data_url(encode(Image.fromarray(person_like()), "PNG")), "0.4b", 0.5, []]
     )
-    assert event == "complete" and data[-1].startswith("seg ")
+    assert event == "complete" and data[-1].startswith("Body parts (")

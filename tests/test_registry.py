@@ -164,7 +164,7 @@ def test_a_registered_task_gets_a_tab_an_endpoint_and_a_place_in_all(toy, tmp_pa
     # the endpoint function works end to end through the app's runner (CPU, no GPU entry needed)
     fn = next(f.fn for f in demo.fns.values() if f.api_name == "invert")
     (before, after), files, line = fn(photo(), None, 0.5)
-    assert Path(files[0]).name == "image_invert.png" and Path(after).name == "after.jpg"  # the preview
+    assert Path(files[0]).name == "image_invert.png" and Path(after).name == "image_invert_preview.jpg"
     assert np.asarray(Image.open(files[0]))[0, 0].tolist() == [128, 128, 128]
     with pytest.raises(Exception, match=r"'strength' must be a number from 0 to 1; got 3"):
         fn(photo(), None, 3)

@@ -436,7 +436,13 @@ def test_present_writes_side_by_side_the_files_a_sequential_save_writes(tmp_path
     assert [p.name for p in shown.files] == [p.name for p in sequential]
     for a, b in zip(sequential, shown.files, strict=True):
         assert b.read_bytes() == a.read_bytes(), b.name
-    assert [p.name for p in shown.previews] == ["before.jpg", "after.jpg"]
+    from sapiens2.tasks import registry
+
+    task = registry.get(result.info.task).api_name
+    assert [p.name for p in shown.previews] == [
+        f"{result.name}_preview.jpg",
+        f"{result.name}_{task}_preview.jpg",
+    ]
     assert all(p.is_file() for p in shown.previews)
     assert list(shown.stages.seconds) == ["render", "downloads", "previews", "views"]
 

@@ -1,5 +1,6 @@
 """Issue 21: what the visitor waits for. Previews no larger than a screen needs, downloads at full
-size, a run info that names every stage of the request and its end-to-end total, and the tour's
+size, a run info that leads with one line for people (what ran, how long, the notices) and then
+names every stage of the request, from its arrival at the server (issue 32), and the tour's
 papercuts (notices said once, one comparison line, "Run all tasks" named alike). No timing
 asserts: only that the stages are there and add up."""
 
@@ -24,21 +25,23 @@ from gradio_client import Client, handle_file  # noqa: E402
 from test_api_security import Server, seg_args, served_app  # noqa: E402
 
 from sapiens2 import serving  # noqa: E402
-from sapiens2.serving.present import PREVIEW_SIDE, Stages, preview, write_preview  # noqa: E402
+from sapiens2.serving.present import PREVIEW_SIDE, Stages, preview, run_info, write_preview  # noqa: E402
 from sapiens2.ui import handlers  # noqa: E402
 
 SERVER_STAGES = ["read", "load", "prepare", "device", "finish", "render", "downloads", "previews", "views"]
-PAGE_STAGES = ["queue", "gradio in", "gradio out"]
+#: the wait before the function starts: Gradio's queue and input processing (sapiens2/ui/arrival.py)
+PAGE_STAGES = ["queue"]
 
 
 def stage_seconds(info: str) -> dict[str, float]:
-    """The run info's second line, ``name 0.12 · name 0.03 ...``, as a dict."""
-    pairs = [item.rsplit(" ", 1) for item in info.splitlines()[1].split(" · ")]
+    """The run info's ``Seconds: name 0.12 · name 0.03 ...`` line, as a dict."""
+    [line] = [line for line in info.splitlines() if line.startswith("Seconds: ")]
+    pairs = [item.rsplit(" ", 1) for item in line.removeprefix("Seconds: ").split(" · ")]
     return {name: float(s) for name, s in pairs}
 
 
 def total_of(info: str) -> float:
-    return float(re.search(r"total ([0-9.]+) s", info.splitlines()[0]).group(1))
+    return float(re.search(r": done in ([0-9.]+) s\.", info.splitlines()[0]).group(1))
 
 
 @pytest.fixture(scope="module")
@@ -119,19 +122,19 @@ def test_runner_records_every_server_stage_in_order(tiny_checkpoints, tmp_path, 
     assert list(shown.stages.seconds) == SERVER_STAGES == started
     assert all(s >= 0 for s in shown.stages.seconds.values())
     assert shown.previews is not None and all(p.is_file() for p in shown.previews)
-    first, second = shown.line.splitlines()
-    assert first.startswith("matting ") and total_of(shown.line) == pytest.approx(
-        shown.stages.total(), abs=0.01
-    )
+    first, second, details = shown.line.splitlines()
+    assert first.startswith("Matting (") and details.startswith("matting ")
+    assert total_of(shown.line) == pytest.approx(shown.stages.total(), abs=0.01)
     assert list(stage_seconds(shown.line)) == SERVER_STAGES
 
 
 def test_served_run_info_has_every_stage_and_an_end_to_end_total(client: Client, photo: Path) -> None:
     info = client.predict(handle_file(str(photo)), api_name="/normal")[-1]
     stages = stage_seconds(info)
-    assert list(stages) == SERVER_STAGES + PAGE_STAGES, info
-    # the total runs from the queue to the end of Gradio's output processing: at least the
-    # stages' sum (less the rounding of each printed figure), and not far above it
+    assert list(stages) == PAGE_STAGES + SERVER_STAGES, info
+    assert info.splitlines()[0].startswith("Normals (")  # the line for people comes first
+    # the total runs from the request's arrival to the function's return: at least the stages'
+    # sum (less the rounding of each printed figure), and not far above it
     assert total_of(info) >= sum(stages.values()) - 0.005 * len(stages)
     assert total_of(info) <= sum(stages.values()) + 0.5 * max(1.0, sum(stages.values()))
 
@@ -139,9 +142,9 @@ def test_served_run_info_has_every_stage_and_an_end_to_end_total(client: Client,
 def test_all_tasks_status_carries_each_task_and_the_total(client: Client, photo: Path) -> None:
     out = client.predict(handle_file(str(photo)), api_name="/all")
     status = out[-1]
-    assert status.startswith("6 of 6 tasks done"), status
+    assert status.startswith("6 of 6 tasks: done in"), status
     stages = stage_seconds(status)
-    assert {"Pose", "Body parts", "Normals", "Matting", "Features", "queue", "gradio out"} <= set(stages)
+    assert {"Pose", "Body parts", "Normals", "Matting", "Features", "queue"} <= set(stages)
     assert total_of(status) >= sum(stages.values()) - 0.005 * len(stages)
 
 
@@ -156,16 +159,17 @@ def test_a_notice_pops_up_once_and_stays_in_the_run_info(monkeypatch) -> None:
     for _ in range(3):
         handlers.warn([notice])
     assert shown == [notice]
-    info = handlers.RunInfo("pose 1b · cpu · float32 · model 0.10 s", Stages(), [notice])
-    assert info.splitlines()[-1] == f"Note: {notice}"
-    assert info.final({"gradio out": 0.1}, 1.0).splitlines()[-1] == f"Note: {notice}"
+    info = run_info(
+        "Pose (1b model on the CPU)", Stages(), [notice], "pose 1b · cpu · float32 · model 0.10 s"
+    )
+    assert info.splitlines()[0] == f"Pose (1b model on the CPU): done in 0.00 s. Note: {notice}"
 
 
 def test_pose_without_detector_says_so_in_every_run_info(client: Client) -> None:
     photo = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"
     infos = [client.predict(handle_file(str(photo)), api_name="/pose")[-1] for _ in range(2)]
     for info in infos:
-        notes = [line for line in info.splitlines() if line.startswith("Note: ")]
+        notes = info.splitlines()[0].split("Note: ")[1:]  # the notices are in the line for people
         assert any("detector" in n.lower() for n in notes), info
 
 
@@ -173,7 +177,8 @@ def test_comparison_run_info_is_one_line_not_the_same_line_twice(client: Client)
     photo = handle_file(str(ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"))
     score, info = client.predict(photo, photo, api_name="/similarity")
     first = info.splitlines()[0]
-    assert "(both photos)" in first and first.count(" · model ") == 1 and "|" not in info
+    assert first.startswith("Features (") and "both photos" in first
+    assert info.count(" · model ") == 1 and "|" not in info
     assert score == pytest.approx(1.0, abs=1e-4)
 
 

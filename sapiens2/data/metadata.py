@@ -45,6 +45,12 @@ _NAME_TO_INDEX = {n: i for i, n in enumerate(KEYPOINT_NAMES)}
 NUM_SEG_CLASSES: int = int(_SEG["num_classes"])
 SEG_CLASS_NAMES: tuple[str, ...] = tuple(c["name"] for c in _SEG["classes"])
 SEG_PALETTE: np.ndarray = np.array([c["color_rgb"] for c in _SEG["classes"]], dtype=np.uint8)
+#: the classes' names for people ("Right upper leg", "Face and neck"), in id order; the
+#: identifiers above stay the names of the API, the files and the options
+SEG_CLASS_LABELS: tuple[str, ...] = tuple(
+    {"Face_Neck": "Face and neck", "Eyeglass": "Eyeglasses"}.get(n, n.replace("_", " ").capitalize())
+    for n in SEG_CLASS_NAMES
+)
 
 for _arr in (KEYPOINT_COLORS, FLIP_INDEX, SEG_PALETTE, *KEYPOINT_GROUPS.values()):
     _arr.setflags(write=False)  # shared module constants: nobody may edit them in place

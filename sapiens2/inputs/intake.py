@@ -277,12 +277,25 @@ def _sniff(data: bytes) -> str | None:
 Decoded = tuple[np.ndarray, int, tuple[int, int] | None]  # rgb, reduction, source (w, h) when reduced
 
 
+def probe(src: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> None:
+    """Raise the InputImageError :func:`load_image` would for a file that is not an image it can
+    read (not a regular file, too large, empty, text, HEIC without a plugin, unknown, corrupt
+    header), reading only the file's header: a page can say so when the file arrives."""
+    data, _ = _read_bytes(src, max_bytes)
+    _open(data).close()
+
+
 def _decode_bytes(data: bytes, notices: list[str]) -> Decoded:
+    return _decode_pil(_open(data), notices)
+
+
+def _open(data: bytes) -> Image.Image:
+    """The image in ``data``, opened (its header read, its pixels not yet), or InputImageError."""
     if len(data) == 0:
         raise InputImageError("The image file is empty (0 bytes).")
     kind = _sniff(data)
     try:
-        im = _large_jpeg(data) or Image.open(io.BytesIO(data))
+        return _large_jpeg(data) or Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
         raise InputImageError(_bomb_message(e)) from None
     except UnidentifiedImageError:
@@ -307,7 +320,6 @@ def _decode_bytes(data: bytes, notices: list[str]) -> Decoded:
         ) from None
     except Exception as e:  # any other decoder failure on hostile input (e.g. cut off in its header)
         raise InputImageError(_broken_message(e)) from None
-    return _decode_pil(im, notices)
 
 
 def _large_jpeg(data: bytes) -> Image.Image | None:
@@ -519,4 +531,4 @@ def _over_white(arr: np.ndarray) -> np.ndarray:
     return _round_u8(color * alpha + 255.0 * (1.0 - alpha))
 
 
-__all__ = ["DEFAULT_MAX_SIDE", "ImageSource", "Intake", "load_image"]
+__all__ = ["DEFAULT_MAX_SIDE", "ImageSource", "Intake", "load_image", "probe"]

@@ -127,7 +127,9 @@ def find_weights(
             f"reached: {unreachable}. Fix it one of these ways: connect to the internet (on a slow "
             f"connection set {HUB_TIMEOUT_ENV}=30), download {tried[0]} from https://huggingface.co/{repo_id} "
             f"yourself and set {ENV_VAR}=/your/root so that /your/root/{local_path} exists, or pass the "
-            "file as the checkpoint. Set HF_HUB_OFFLINE=1 to use only files already downloaded."
+            "file as the checkpoint. Set HF_HUB_OFFLINE=1 to use only files already downloaded.",
+            plain="This model's weights are not on this server and cannot be downloaded now, so it "
+            "cannot run. Other tabs may still work.",
         )
     reason = reasons[0] if reasons else "unknown error"  # the first name's, as the message names it
     raise WeightsUnavailableError(

@@ -7,6 +7,7 @@ outputs in half precision can contain them.
 
 from __future__ import annotations
 
+import html
 import numbers
 from collections.abc import Mapping, Sequence
 from functools import cache
@@ -20,7 +21,7 @@ from ..data.metadata import (
     KEYPOINT_GROUPS,
     NUM_KEYPOINTS,
     NUM_SEG_CLASSES,
-    SEG_CLASS_NAMES,
+    SEG_CLASS_LABELS,
     SEG_PALETTE,
     SKELETON,
     seg_class_ids,
@@ -282,7 +283,7 @@ def segmentation_legend(
     ids = list(dict.fromkeys(int(c) for c in class_ids))
     seg_class_ids(ids)  # raises OptionError (listing the valid classes) for an unknown id
     ids = [c for c in ids if _share_text(shares, c) != _share_text({c: 0.0}, c)]  # not "0.0%"
-    rows = [SEG_CLASS_NAMES[c] + _share_text(shares, c) for c in ids] or ["(none)"]
+    rows = [SEG_CLASS_LABELS[c] + _share_text(shares, c) for c in ids] or ["(none)"]
     font, scale, thick = cv2.FONT_HERSHEY_SIMPLEX, LEGEND_FONT_SCALE, 2
     pad, row_h, swatch, per_col = LEGEND_PAD, LEGEND_ROW_H, LEGEND_SWATCH, LEGEND_ROWS_PER_COLUMN
     col_w = pad * 3 + swatch + max(cv2.getTextSize(t, font, scale, thick)[0][0] for t in rows)
@@ -294,6 +295,31 @@ def segmentation_legend(
             canvas[y + 6 : y + 6 + swatch, x : x + swatch] = SEG_PALETTE[ids[r]]
         cv2.putText(canvas, text, (x + swatch + pad, y + 26), font, scale, (0, 0, 0), thick, cv2.LINE_AA)
     return canvas
+
+
+def segmentation_legend_html(
+    class_ids: Sequence[int], shares: Mapping[int, float] | Sequence[float] | np.ndarray | None = None
+) -> str:
+    """The legend of :func:`segmentation_legend` as HTML text a screen reader and a browser's
+    search can read: a list of the classes' names for people ("Right upper leg") with their
+    shares, each after a swatch of its colour (hidden from screen readers)."""
+    ids = list(dict.fromkeys(int(c) for c in class_ids))
+    seg_class_ids(ids)
+    ids = [c for c in ids if _share_text(shares, c) != _share_text({c: 0.0}, c)]
+    if not ids:
+        return "<p>No body part found.</p>"
+    items = []
+    for c in ids:
+        r, g, b = (int(v) for v in SEG_PALETTE[c])
+        swatch = (
+            f'<span aria-hidden="true" style="display:inline-block;width:0.9em;height:0.9em;'
+            f'margin-right:0.4em;vertical-align:-0.1em;border:1px solid #8886;background:rgb({r},{g},{b})"></span>'
+        )
+        share = _share_text(shares, c).strip()
+        items.append(f"<li>{swatch}{html.escape(SEG_CLASS_LABELS[c])}{f': {share}' if share else ''}</li>")
+    style = "list-style:none;margin:0;padding:0;columns:3 11em;line-height:1.6"
+    head = '<p style="margin:0 0 0.3em"><strong>Body parts found</strong> (share of the photo)</p>'
+    return f'{head}<ul class="sapiens2-legend" aria-label="Body parts found" style="{style}">{"".join(items)}</ul>'
 
 
 def _share_text(shares: Any, c: int) -> str:

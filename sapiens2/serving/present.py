@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,6 +15,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from ..outputs.export import safe_path
 from ..outputs.writers import WRITE_WORKERS, Writer
 from ..tasks.registry import Task
 from . import on_demand
@@ -34,10 +35,14 @@ class Stages:
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + float(seconds)
 
-    @contextmanager
-    def timed(self, name: str) -> Iterator[None]:
+    def starting(self, name: str) -> None:
+        """Tell the listener that ``name`` starts (a stage timed elsewhere, e.g. a shared device call)."""
         if self.listener is not None:
             self.listener(name)
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        self.starting(name)
         t0 = time.perf_counter()
         try:
             yield
@@ -66,18 +71,34 @@ class Presented:
     stages: Stages = field(default_factory=Stages)
     #: JPEG previews of ``before`` / ``after`` (long side <= PREVIEW_SIDE), when asked for
     previews: tuple[Path, Path] | None = None
+    what: str = ""  # what ran, for people: "Pose (0.4b model on the CPU)"
 
     @property
     def line(self) -> str:
-        """The run info: how the result was made, the total, then every stage's seconds."""
-        return run_info(self.head, self.stages)
+        """The run info (see :func:`run_info`)."""
+        return run_info(self.what or self.head, self.stages, self.notices, self.head)
 
 
-def run_info(head: str, stages: Stages, total: float | None = None) -> str:
-    """``head · total X s`` then the stage breakdown on a second line; ``total`` defaults to the
-    sum of the stages."""
+def what_ran(tab: str, info: Any) -> str:
+    """``Pose (0.4b model on the CPU)``: a task's tab label and its result's ``RunInfo``."""
+    where = "CPU" if str(info.device).startswith("cpu") else "GPU"
+    return f"{tab} ({info.size or 'custom'} model on the {where})"
+
+
+def run_info(
+    what: str,
+    stages: Stages,
+    notices: Sequence[str] = (),
+    details: str = "",
+    total: float | None = None,
+) -> str:
+    """The run info. First one line for people: what ran, how long it took, and any notices
+    (``Pose (0.4b model on the CPU): done in 1.23 s. Note: ...``); then ``Seconds:`` and every
+    stage's seconds; then ``details`` (model, device, dtype, model seconds) when given.
+    ``total`` defaults to the sum of the stages."""
     total = stages.total() if total is None else total
-    return f"{head} · total {total:.2f} s\n{stages.breakdown()}"
+    first = " ".join([f"{what}: done in {total:.2f} s.", *(f"Note: {n}" for n in notices)])
+    return "\n".join([first, f"Seconds: {stages.breakdown()}", *([details] if details else [])])
 
 
 def accepted(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,9 +172,20 @@ def present(
             if preview_side is not None:  # after the downloads' jobs: they are waited for first
                 folder = Path(out_dir) / "preview"
                 folder.mkdir(parents=True, exist_ok=True)
+                # named after the photo: the page's own download button saves them under these names
                 shown += [
-                    pool.submit(write_preview, folder / "before.jpg", result.image, preview_side),
-                    pool.submit(write_preview, folder / "after.jpg", after, preview_side),
+                    pool.submit(
+                        write_preview,
+                        safe_path(folder, result.name, "_preview.jpg"),
+                        result.image,
+                        preview_side,
+                    ),
+                    pool.submit(
+                        write_preview,
+                        safe_path(folder, result.name, f"_{task.api_name}_preview.jpg"),
+                        after,
+                        preview_side,
+                    ),
                 ]
         previews = None
         if preview_side is not None:
@@ -172,4 +204,5 @@ def present(
         views=views,
         stages=stages,
         previews=previews,
+        what=what_ran(task.tab, result.info),
     )

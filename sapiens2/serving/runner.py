@@ -12,6 +12,7 @@ up by the caller. Errors are ``sapiens2.errors`` objects from end to end (isinst
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from . import on_demand
 from .cache import ModelManager
 from .device import AllTasks, Batch, Device, OneTask, local_device
 from .folders import RequestFolders
-from .present import Presented, Stages, present, run_info
+from .present import Presented, Stages, present, run_info, what_ran
 
 log = logging.getLogger(__name__)
 
@@ -188,17 +189,22 @@ class RequestRunner:
             raise InputImageError(f"The {task.name} task does not compare photos.")
         job = self.job(task, [photo_a, photo_b], size, {})
         a, b = self.results(job)
-        line = run_info(f"{a.info.head()} (both photos)", job.stages)  # one forward made both results
+        # one forward made both results: one line for both
+        line = run_info(f"{what_ran(task.tab, a.info)}, both photos", job.stages, details=a.info.head())
         return task.compare.score(a, b), line, [*a.notices, *b.notices]
 
     def run_all(
-        self, photo: Any, requests: Mapping[Task, tuple[str | None, Mapping[str, Any]]]
+        self,
+        photo: Any,
+        requests: Mapping[Task, tuple[str | None, Mapping[str, Any]]],
+        listener: Callable[[str, str], None] | None = None,
     ) -> dict[str, Presented | Sapiens2Error]:
         """Every requested task (task -> (size, options)) on one photo, in ONE GPU admission that
         yields each task's raws as it finishes; by task name. A task that fails gives its error
         object. When ZeroGPU refuses the admission for quota, the tasks that fit in the seconds
         left run (one more admission) and the others get one error saying which, why and what
-        helps; when the GPU fails partway, every task already done is kept."""
+        helps; when the GPU fails partway, every task already done is kept. ``listener(name,
+        stage)`` is told each task's stages as they start, by task name (a page's progress)."""
         read = Stages()
         with read.timed("read"):
             intake = read_photo(photo)
@@ -206,7 +212,7 @@ class RequestRunner:
         jobs: dict[str, Job] = {}
         for task, (size, options) in requests.items():
             try:
-                stages = Stages()
+                stages = Stages(functools.partial(listener, task.name) if listener else None)
                 stages.seconds.update(read.seconds)  # every task used the one read
                 jobs[task.name] = self.job(task, [intake], size, options, stages)
             except Sapiens2Error as err:
@@ -249,9 +255,12 @@ class RequestRunner:
         unit = AllTasks(batches, self.seconds(*[j for j, _, _ in ready.values()]))
         try:
             arrived = t0
+            ready[names[0]][0].stages.starting("device")  # the tasks' forwards run in this order
             for i, raws in self.device(unit):
                 ready[names[i]][0].stages.add("device", time.perf_counter() - arrived)  # since the last
                 out[names[i]] = self._present(ready[names[i]], raws, t0)
+                if i + 1 < len(names):
+                    ready[names[i + 1]][0].stages.starting("device")
                 arrived = time.perf_counter()
         except OutOfMemoryError:
             self.manager.trim()

@@ -160,6 +160,7 @@ TASK = Task(
             "Background",
             "what shows outside the person",
             choices=("black", "photo"),
+            enabled_by="remove_background",
         ),
     ),
     borrows=(SEG,),

@@ -29,6 +29,9 @@ class Option:
     files made from its result ("render"). ``gpu_default`` replaces ``default`` when the server
     runs on a GPU (e.g. flip test: one extra crop in the same batch there, twice the time on a CPU).
     ``choices`` lists the values of a "choice" option and the known names of a "classes" option.
+    ``enabled_by`` names a "bool" option of the same task that must be on for this one to have
+    any effect (normals' background choice needs the background removed): the page greys the
+    widget out while the switch is off and the docs say so; a value sent anyway is accepted.
     """
 
     name: str
@@ -44,6 +47,7 @@ class Option:
     gpu_default: Any = None
     #: "classes" options: maps the names or ids given to the ids used (raises OptionError)
     resolve: Callable[[Iterable[Any]], Any] | None = None
+    enabled_by: str | None = None
 
     def default_for(self, gpu: bool) -> Any:
         return self.gpu_default if gpu and self.gpu_default is not None else self.default
@@ -60,7 +64,8 @@ class Option:
         shown = "" if default in (None, "") else f"; default {default}"
         if self.gpu_default is not None and self.gpu_default != self.default:
             shown = f"; default {self.gpu_default} on a GPU, {self.default} on a CPU"
-        return f"{self.help}{accepted}{shown}."
+        needs = f"; only with {self.enabled_by}" if self.enabled_by else ""
+        return f"{self.help}{accepted}{shown}{needs}."
 
 
 def check(where: str, opt: Option, value: Any, gpu: bool = False) -> Any:

@@ -39,11 +39,12 @@ _NOT_TASKS = frozenset({"base", "dense", "options", "pose_3d", "pose_result", "r
 
 @dataclass(frozen=True)
 class View:
-    """An output shown next to the before/after picture: a JSON panel, an image or a 3D model.
+    """An output shown next to the before/after picture: a JSON panel, an image, a 3D model or
+    HTML text (read by screen readers and a browser's search, e.g. seg's legend).
 
     ``value(result, files)`` gives its content from the task's result and the files written."""
 
-    kind: Literal["json", "image", "model3d"]
+    kind: Literal["json", "image", "model3d", "html"]
     label: str
     value: Callable[[Any, list[Path]], Any]
 
@@ -166,6 +167,15 @@ class Task:
     #: extra command-line spellings of options (option name -> flags), and pipeline switches
     cli_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     cli_switches: tuple[Switch, ...] = ()
+
+    def __post_init__(self) -> None:
+        switches = {o.name for o in self.options if o.kind == "bool"}
+        for opt in self.options:
+            if opt.enabled_by is not None and opt.enabled_by not in switches:
+                raise OptionError(
+                    f"{self.name} option {opt.name!r} is enabled by {opt.enabled_by!r}, which is not "
+                    f"one of its on/off options ({', '.join(sorted(switches)) or 'none'})."
+                )
 
     @property
     def name(self) -> str:

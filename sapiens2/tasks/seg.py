@@ -23,7 +23,13 @@ from ..inputs.intake import Intake
 from ..inputs.network import stretch_release
 from ..models.zoo import get_task
 from ..ops.seg_logits import SegLogits, finite_logits
-from ..outputs.render import blend_segmentation, class_shares, label_ids, segmentation_legend
+from ..outputs.render import (
+    blend_segmentation,
+    class_shares,
+    label_ids,
+    segmentation_legend,
+    segmentation_legend_html,
+)
 from ..outputs.writers import NOW, Writer
 from .base import Pipeline, TaskResult
 from .dense import DensePrep, DenseRaw, chunked_forward, start_result
@@ -75,6 +81,10 @@ class SegResult(TaskResult):
         """An RGB image listing the classes present (largest share first) with their colours."""
         ids = sorted(self.shares, key=lambda k: -self.shares[k])
         return segmentation_legend(ids, self.shares)
+
+    def legend_html(self) -> str:
+        """The same legend as readable text (HTML): names for people, largest share first."""
+        return segmentation_legend_html(sorted(self.shares, key=lambda k: -self.shares[k]), self.shares)
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
@@ -227,6 +237,6 @@ TASK = Task(
             resolve=seg_class_ids,
         ),
     ),
-    views=(View("image", "Classes found", lambda result, files: result.legend()),),
+    views=(View("html", "Body parts found", lambda result, files: result.legend_html()),),
     video=Video(raw_fields={"labels": None}),
 )

@@ -8,6 +8,7 @@ its compact logits come back from ``infer`` and are resized to the photo in ``fi
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -24,6 +25,8 @@ from .dense import DensePrep
 from .registry import Task
 from .seg import TASK as SEG
 from .seg import SegPipeline
+
+log = logging.getLogger(__name__)
 
 SegSource = SegPipeline | Callable[[], SegPipeline] | None
 
@@ -83,8 +86,14 @@ class SegMaskedPipeline(Pipeline):
         try:
             return self.seg.get()
         except (WeightsUnavailableError, CheckpointError) as err:
+            log.warning("the borrowed segmentation model is unavailable: %s", err)  # the operator's details
+            why = (
+                "its checkpoint cannot be used"
+                if isinstance(err, CheckpointError)
+                else "its weights are not available here"
+            )
             notices.append(
-                f"No person mask: the segmentation model is unavailable ({err}) {self.seg_fallback}"
+                f"No person mask: the segmentation model is unavailable ({why}). {self.seg_fallback}"
             )
             return None
 

@@ -2,21 +2,24 @@
 
 Each task gets one function whose parameters are the photo, the size and the task's options in
 declaration order (Gradio reads the signature for the API and the docstring's ``Args:`` for the
-API docs and MCP tool descriptions). Package errors become ``gr.Error`` with a title chosen by
-type; notices become ``gr.Warning``; any other exception is logged and reported briefly, and the
-server carries on.
+API docs and MCP tool descriptions); Gradio also passes it a progress tracker and the request
+(neither is an API input). Package errors become ``gr.Error`` with a title chosen by type and
+the visitor's wording (``errors.for_visitor``; the operator's details go to the log); notices
+become ``gr.Warning``; any other exception is logged and reported briefly, and the server
+carries on. Every error an endpoint raises is also kept for its page session
+(:class:`ErrorBoard`), so the tab can show it until the next run.
 """
 
 from __future__ import annotations
 
-import contextvars
-import functools
 import inspect
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -35,12 +38,15 @@ from ..errors import (
     Sapiens2Error,
     VideoEncodeError,
     WeightsUnavailableError,
+    for_visitor,
 )
 from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, is_out_of_memory
 from ..serving.present import PREVIEW_SIDE, Stages, run_info
 from ..tasks.options import Option
 from ..tasks.registry import OnDemand, Task
+from .arrival import waited
 from .gpu import gpu_device
+from .inputs import refuse
 
 log = logging.getLogger("sapiens2.app")
 
@@ -60,8 +66,15 @@ ERROR_TITLES: list[tuple[type[Exception], str]] = [  # the first match wins: sub
 
 
 def user_error(err: BaseException) -> gr.Error:
+    """The visitor's error for a package error: its title by type, its plain wording where it has
+    one (the full message, with paths and settings, is logged and kept as ``details`` for a
+    local page's operator fold)."""
     title = next((t for cls, t in ERROR_TITLES if isinstance(err, cls)), "Error")
-    return gr.Error(str(err), title=title, print_exception=False)
+    shown = gr.Error(for_visitor(err), title=title, print_exception=False)
+    shown.details = str(err) if for_visitor(err) != str(err) else ""  # type: ignore[attr-defined]
+    if shown.details:  # type: ignore[attr-defined]
+        log.warning("%s: %s", title, err)
+    return shown
 
 
 @contextmanager
@@ -107,27 +120,62 @@ def warn(notices: list[str], prefix: str = "") -> None:
             gr.Warning(f"{prefix}{notice}")
 
 
-class RunInfo(str):
-    """The run info text, carrying its stages so the page's timing wrapper (see
-    :func:`time_requests`) can add Gradio's own stages and the end-to-end total."""
+@dataclass(frozen=True)
+class Shown:
+    """An error as the page keeps it: the text for the tab, and the operator's details (or "")."""
 
-    head: str
-    stages: Stages
-    notices: list[str]
-
-    def __new__(cls, head: str, stages: Stages, notices: list[str] | None = None) -> RunInfo:
-        obj = super().__new__(cls, with_notices(run_info(head, stages), notices or []))
-        obj.head, obj.stages, obj.notices = head, stages, list(notices or [])
-        return obj
-
-    def final(self, extra: dict[str, float], total: float) -> str:
-        stages = Stages()
-        stages.seconds = {**self.stages.seconds, **extra}
-        return with_notices(run_info(self.head, stages, total), self.notices)
+    text: str
+    details: str = ""
 
 
-def with_notices(text: str, notices: list[str]) -> str:
-    return text + "".join(f"\nNote: {n}" for n in notices)
+class ErrorBoard:
+    """The last error of each page session and event, until the page asks for it.
+
+    An endpoint records what it raises (:meth:`catching`); the page's ``.failure`` step takes it
+    (:meth:`take`) and puts it in the tab. API callers never take theirs: the oldest entries go
+    once ``size`` are held."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], Shown] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _session(request: Any) -> str | None:
+        return getattr(request, "session_hash", None) if request is not None else None
+
+    @contextmanager
+    def catching(self, request: Any, event: str, what: str) -> Iterator[None]:
+        """Record a gr.Error raised inside (``what`` names the run: "Pose"), then let it go on."""
+        try:
+            yield
+        except gr.Error as err:
+            session = self._session(request)
+            if session is not None:
+                title = f"{err.title}: " if err.title and err.title != "Error" else ""
+                shown = Shown(f"{what} did not run. {title}{err.message}", getattr(err, "details", ""))
+                with self._lock:
+                    self._items[(session, event)] = shown
+                    self._items.move_to_end((session, event))
+                    while len(self._items) > self.size:
+                        self._items.popitem(last=False)
+            raise
+
+    def take(self, request: Any, event: str) -> Shown | None:
+        with self._lock:
+            return self._items.pop((self._session(request), event), None)
+
+
+def timed_text(presented: Presented, queued: float | None, started: float) -> str:
+    """The run info of a result: its stages, with the time it waited before the function started
+    (``queue``) first when known, and the total from its arrival to now."""
+    stages = Stages()
+    if queued is not None:
+        stages.add("queue", queued)
+    for name, seconds in presented.stages.seconds.items():
+        stages.add(name, seconds)
+    total = (queued or 0.0) + time.perf_counter() - started
+    return run_info(presented.what or presented.head, stages, presented.notices, presented.head, total)
 
 
 def stage_progress(progress: Any) -> Stages:
@@ -170,12 +218,12 @@ class Runner:
         warn(shown.notices)
         return shown
 
-    def make(self, task: Task, entry: OnDemand, ref: Any) -> tuple[list[str], RunInfo]:
+    def make(self, task: Task, entry: OnDemand, ref: Any) -> tuple[list[str], str]:
         """An earlier result's on-demand files (e.g. the full-resolution mesh) and their run info."""
         stages = Stages()
         with reported(self.manager):
             files, head = self.requests.make(task, entry, ref, stages)
-        return [str(p) for p in files], RunInfo(head, stages)
+        return [str(p) for p in files], run_info(head, stages)
 
     def compare(self, task: Task, photo_a: Any, photo_b: Any, size: str | None) -> tuple[float, str]:
         with reported(self.manager):
@@ -184,66 +232,100 @@ class Runner:
         return score, line
 
     def run_all(
-        self, photo: Any, jobs: list[tuple[Task, str | None, dict[str, Any]]]
-    ) -> tuple[dict[str, Presented | Sapiens2Error], RunInfo]:
-        """Every task on one photo: task name -> result shown (or the error object), and a status
-        line (with each task's seconds)."""
+        self,
+        photo: Any,
+        jobs: list[tuple[Task, str | None, dict[str, Any]]],
+        progress: Any = None,
+        queued: float | None = None,
+    ) -> tuple[dict[str, Presented | Sapiens2Error], str]:
+        """Every task on one photo: task name -> result shown (or the error object), and the
+        status line ("5 of 6 tasks (skipped: Matting): done in ... s", then each task's seconds,
+        after ``queued`` seconds of waiting when known)."""
         t0 = time.perf_counter()
+        title = {task.name: task.tab for task, _, _ in jobs}
         with reported(self.manager):
-            shown = self.requests.run_all(photo, {task: (size, opts) for task, size, opts in jobs})
+            shown = self.requests.run_all(
+                photo,
+                {task: (size, opts) for task, size, opts in jobs},
+                listener=all_progress(progress, title),
+            )
         failed = {t: v for t, v in shown.items() if isinstance(v, Sapiens2Error)}
         if any(isinstance(v, OutOfMemoryError) for v in failed.values()):
             self.manager.trim()  # later tasks loaded models again after the failure's trim
-        title = {task.name: task.tab for task, _, _ in jobs}
         if failed and len(failed) == len(jobs):
-            lines = dict.fromkeys(
-                str(v) if "Not run:" in str(v) else f"{title[t]}: {v}" for t, v in failed.items()
-            )
+            said: dict[str, list[str]] = {}  # one sentence, the tasks it stopped
+            for t, v in failed.items():
+                user_error(v)  # logs the operator's details
+                said.setdefault(for_visitor(v), []).append(title[t])
+            lines = [
+                text if "Not run:" in text else f"{', '.join(tabs)}: {text}" for text, tabs in said.items()
+            ]
             raise gr.Error("No task could run: " + " | ".join(lines))
-        said: set[int] = set()  # tasks refused together share one error: say it once
+        told: set[int] = set()  # tasks refused together share one error: say it once
         for task, value in shown.items():
             if isinstance(value, Sapiens2Error):
-                if id(value) not in said:
-                    said.add(id(value))
+                if id(value) not in told:
+                    told.add(id(value))
+                    user_error(value)  # logs the operator's details
+                    text = for_visitor(value)
                     gr.Warning(
-                        str(value) if "Not run:" in str(value) else f"{title[task]}: {value}",
-                        title="Task skipped",
+                        text if "Not run:" in str(value) else f"{title[task]}: {text}", title="Task skipped"
                     )
             else:
                 warn(value.notices, f"{title[task]}: ")
-        status = f"{len(jobs) - len(failed)} of {len(jobs)} tasks done"
+        status = f"{len(jobs) - len(failed)} of {len(jobs)} tasks"
         if failed:
-            status += " · Skipped: " + ", ".join(title[t] for t in failed)
+            status += " (skipped: " + ", ".join(title[t] for t in failed) + ")"
         done = [v for v in shown.values() if isinstance(v, Presented)]
         stages = Stages()  # the photo was read once for every task: counted once
+        if queued is not None:
+            stages.add("queue", queued)
         read = min((v.stages.seconds.get("read", 0.0) for v in done), default=0.0)
         stages.add("read", read)
         for value in done:
             stages.add(title[value.task], value.stages.total() - read)
-        stages.add("other", max(0.0, time.perf_counter() - t0 - stages.total()))
-        return shown, RunInfo(status, stages)
+        stages.add("other", max(0.0, time.perf_counter() - t0 - stages.total() + (queued or 0.0)))
+        return shown, run_info(status, stages)
+
+
+def all_progress(progress: Any, title: Mapping[str, str]) -> Callable[[str, str], None] | None:
+    """The progress of "Run all tasks" from each task's stages: which task runs, how many are done
+    ("2 of 6 done · Normals: device"). A task is done once its last stage ("views") starts."""
+    if progress is None:
+        return None
+    done: set[str] = set()
+    lock = threading.Lock()
+
+    def started(task: str, stage: str) -> None:
+        with lock:
+            if stage == "views":
+                done.add(task)
+            count = len(done)
+        progress((count, len(title)), desc=f"{count} of {len(title)} done · {title.get(task, task)}: {stage}")
+
+    return started
 
 
 # ----------------------------------------------------------------------------- generated endpoints
 
 
-def outputs_of(task: Task, presented: Presented) -> list[Any]:
+def outputs_of(task: Task, presented: Presented, info: str) -> list[Any]:
     """A result's values in its tab's output order: slider pair (the small previews when made),
     views, downloads (the main list, then one per ``Task.file_groups``), run info."""
     files = [[str(p) for p in group] for group in task.group_files(presented.files)]
     pair = presented.previews or (presented.before, presented.after)
-    return [tuple(str(p) if not hasattr(p, "shape") else p for p in pair), *presented.views, *files,
-            RunInfo(presented.head, presented.stages, presented.notices)]  # fmt: skip
+    return [tuple(str(p) if not hasattr(p, "shape") else p for p in pair), *presented.views, *files, info]
 
 
 def _signature(names: list[str], required: int) -> inspect.Signature:
-    """The first ``required`` names are required; the others default to None (the server's default)."""
+    """The first ``required`` names are required; the others default to None (the server's default).
+    Then the two arguments Gradio fills in itself (not API inputs): a progress tracker (a
+    parameter defaulting to gr.Progress) and the request (a parameter typed gr.Request)."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     params = [inspect.Parameter(n, kind, default=inspect.Parameter.empty if i < required else None)
               for i, n in enumerate(names)]  # fmt: skip
-    # Gradio passes a progress tracker for a parameter defaulting to gr.Progress (not an API input)
-    progress = gr.Progress(track_tqdm=True)
-    params.append(inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=progress))
+    params.append(inspect.Parameter("progress", kind, default=gr.Progress(track_tqdm=True)))
+    params.append(inspect.Parameter("request", kind, default=None, annotation=gr.Request))
     return inspect.Signature(params)
 
 
@@ -261,8 +343,21 @@ def _endpoint(
 ) -> Callable[..., Any]:
     fn.__name__ = fn.__qualname__ = name
     fn.__signature__ = _signature(names, required)  # type: ignore[attr-defined]
+    fn.__annotations__ = {"request": gr.Request}  # how Gradio finds the request parameter
     fn.__doc__ = doc
     return fn
+
+
+def _split(args: tuple[Any, ...], count: int) -> tuple[list[Any], Any, Any]:
+    """(the ``count`` API values, the progress tracker or None, the request or None) of a call:
+    Gradio passes all of them, a direct call (the examples' cache) the values only."""
+    values = list(args[:count]) + [None] * max(0, count - len(args))
+    extra = list(args[count:]) + [None, None]
+    return values, extra[0], extra[1]
+
+
+#: Errors of every endpoint, per page session (see ErrorBoard); the page shows them in the tab.
+BOARD = ErrorBoard()
 
 
 def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
@@ -270,9 +365,14 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
     names = [o.name for o in task.options]
 
     def endpoint(*args: Any) -> list[Any]:
-        photo, size, *values = args[: 2 + len(names)]
-        progress = args[2 + len(names)] if len(args) > 2 + len(names) else None
-        return outputs_of(task, run(task, photo, size, progress, **dict(zip(names, values, strict=True))))
+        started = time.perf_counter()
+        values, progress, request = _split(args, 2 + len(names))
+        queued = waited(request)
+        with BOARD.catching(request, task.api_name, task.tab):
+            refuse(*values)
+            photo, size, *opts = values
+            shown = run(task, photo, size, progress, **dict(zip(names, opts, strict=True)))
+        return outputs_of(task, shown, timed_text(shown, queued, started))
 
     doc = _docstring(
         task.summary,
@@ -285,8 +385,10 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
 def on_demand_endpoint(run: Runner, task: Task, entry: OnDemand) -> Callable[..., Any]:
     """``f(result)`` -> (the files made, run info)."""
 
-    def endpoint(*args: Any) -> tuple[list[str], RunInfo]:
-        return run.make(task, entry, args[0])
+    def endpoint(*args: Any) -> tuple[list[str], str]:
+        [ref], _, request = _split(args, 1)
+        with BOARD.catching(request, entry.api_name, entry.label):
+            return run.make(task, entry, ref)
 
     doc = _docstring(
         entry.summary,
@@ -298,10 +400,13 @@ def on_demand_endpoint(run: Runner, task: Task, entry: OnDemand) -> Callable[...
 def compare_endpoint(run: Runner, task: Task) -> Callable[..., Any]:
     """``f(photo, other_photo, size)`` -> (score, run info)."""
     assert task.compare is not None
+    api_name = task.compare.api_name
 
     def endpoint(*args: Any) -> tuple[float, str]:
-        photo, other, size = args[:3]
-        return run.compare(task, photo, other, size)
+        values, _, request = _split(args, 3)
+        with BOARD.catching(request, api_name, "The comparison"):
+            refuse(*values)
+            return run.compare(task, *values)
 
     doc = _docstring(
         task.compare.help,
@@ -311,7 +416,7 @@ def compare_endpoint(run: Runner, task: Task) -> Callable[..., Any]:
             ("size", _size_doc(task)),
         ],
     )
-    return _endpoint(endpoint, task.compare.api_name, ["photo", "other_photo", "size"], doc, required=2)
+    return _endpoint(endpoint, api_name, ["photo", "other_photo", "size"], doc, required=2)
 
 
 def all_parameters(tasks: Mapping[str, Task]) -> list[tuple[Task, str, Option | None]]:
@@ -330,21 +435,28 @@ def all_parameters(tasks: Mapping[str, Task]) -> list[tuple[Task, str, Option | 
 
 
 def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[..., Any]:
-    """``f(photo, <task>_size, <options>...)`` -> every tab's outputs, then a status line."""
+    """``f(photo, <task>_size, <options>...)`` -> every tab's outputs, then a status line. Each
+    tab's run info has its own task's seconds; the status line has the whole request's."""
     params = all_parameters(tasks)
 
     def endpoint(*args: Any) -> list[Any]:
-        photo, values = args[0], dict(zip((p for _, p, _ in params), args[1 : 1 + len(params)], strict=True))
+        given, progress, request = _split(args, 1 + len(params))
+        photo, values = given[0], dict(zip((p for _, p, _ in params), given[1:], strict=True))
         jobs = []
         for task in tasks.values():
             options = {o.name: values[p] for t, p, o in params if t is task and o is not None}
             jobs.append((task, values[f"{task.api_name}_size"], options))
-        shown, status = run.run_all(photo, jobs)
+        with BOARD.catching(request, "all", "Run all tasks"):
+            refuse(*given)
+            shown, status = run.run_all(photo, jobs, progress, waited(request))
         out: list[Any] = []
         for task in tasks.values():
             value = shown.get(task.name)
-            empty = [None] * (3 + len(task.views) + len(task.file_groups))
-            out.extend(outputs_of(task, value) if isinstance(value, Presented) else empty)
+            if isinstance(value, Presented):
+                out.extend(outputs_of(task, value, value.line))  # the task's own seconds
+            else:  # skipped: the tab says why
+                why = f"{task.tab} did not run. {for_visitor(value)}" if value is not None else None
+                out.extend([None] * (2 + len(task.views) + len(task.file_groups)) + [why])
         return [*out, status]
 
     docs = [("photo", "the photo (file).")]
@@ -357,66 +469,16 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
     return _endpoint(endpoint, "all_tasks", ["photo", *(p for _, p, _ in params)], _docstring(summary, docs))
 
 
-# ----------------------------------------------------------------------------- end-to-end timing
+def shown_error(event: str, operator: bool) -> Callable[..., Any]:
+    """The page's ``.failure`` step of ``event``: the error it raised, for the tab's run info,
+    then (where ``operator``: a local launch) the operator's fold (visible or not) and its text."""
 
-#: (monotonic time the request joined the queue or None, perf_counter at processing start, seconds
-#: of Gradio's input processing): set per request by :func:`time_requests`' wrappers
-_REQUEST: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "sapiens2_request", default=None
-)
+    def show(request: gr.Request) -> Any:
+        shown = BOARD.take(request, event)
+        text = shown.text if shown else "The run stopped with an error (see the message that popped up)."
+        if not operator:
+            return text  # one output: its value
+        details = shown.details if shown else ""
+        return [text, gr.Accordion(visible=bool(details)), details]
 
-
-def time_requests(blocks: gr.Blocks | None) -> None:
-    """Wrap ``blocks``' ``process_api``, ``preprocess_data`` and ``postprocess_data`` so that a
-    :class:`RunInfo` output ends up with the whole request: the time it waited in the queue,
-    Gradio's input processing, our stages, and Gradio's output processing (writing the pictures
-    and copying the downloads into its cache, which happens after our function returned)."""
-    if blocks is None or getattr(blocks.process_api, "times_requests", False):
-        return
-    process_api, preprocess_data, postprocess_data = (
-        blocks.process_api,
-        blocks.preprocess_data,
-        blocks.postprocess_data,
-    )
-
-    @functools.wraps(process_api)
-    async def timed_process_api(*args: Any, **kwargs: Any) -> Any:
-        queue = getattr(blocks, "_queue", None)
-        event = getattr(queue, "event_ids_to_events", {}).get(kwargs.get("event_id"))
-        token = _REQUEST.set(
-            {"queue": time.monotonic() - event.enqueue_time if event is not None else 0.0, "gradio in": 0.0,
-             "started": time.perf_counter()}
-        )  # fmt: skip
-        try:
-            return await process_api(*args, **kwargs)
-        finally:
-            _REQUEST.reset(token)
-
-    @functools.wraps(preprocess_data)
-    async def timed_preprocess(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return await preprocess_data(*args, **kwargs)
-        finally:
-            if (req := _REQUEST.get()) is not None:
-                req["gradio in"] += time.perf_counter() - t0
-
-    @functools.wraps(postprocess_data)
-    async def timed_postprocess(block_fn: Any, predictions: Any, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        out = await postprocess_data(block_fn, predictions, *args, **kwargs)
-        req = _REQUEST.get()
-        values = predictions if isinstance(predictions, (list, tuple)) else [predictions]
-        if req is None or not isinstance(out, list) or len(out) != len(values):
-            return out
-        done = time.perf_counter()
-        extra = {"queue": req["queue"], "gradio in": req["gradio in"], "gradio out": done - t0}
-        total = req["queue"] + done - req["started"]
-        return [
-            v.final(extra, total) if isinstance(v, RunInfo) else o for v, o in zip(values, out, strict=True)
-        ]
-
-    timed_process_api.times_requests = True  # type: ignore[attr-defined]
-    blocks.process_api = timed_process_api  # type: ignore[method-assign]
-    blocks.preprocess_data = timed_preprocess  # type: ignore[method-assign]
-    blocks.postprocess_data = timed_postprocess  # type: ignore[method-assign]
+    return show

@@ -4,7 +4,8 @@ The rule (issue 11): a file input takes (a) a file Gradio's upload route wrote f
 (``POST /gradio_api/upload``; the page uploads this way too), (b) a file this server itself gave
 the component (an example photo), or (c) the bytes of a data URL. Any other path a caller sends
 is refused with :data:`NOT_UPLOADED`, the same words whatever the path names (an image, a text
-file, a folder, a FIFO, nothing at all), before anything opens it. The video clip input
+file, a folder, a FIFO, nothing at all), before anything opens it (a path in Gradio's upload
+folder gets :data:`EXPIRED` instead, below). The video clip input
 (:func:`clip_input`) follows the same rule without (c), refused with :data:`NOT_UPLOADED_CLIP`.
 
 Why the preprocess override does the check rather than Gradio (6.31, read in its source):
@@ -25,7 +26,13 @@ of the app's ``Blocks.preprocess_data``, before Gradio touches the payload (Grad
 tagged outside path with an error whose text it hides, ``{"error": null}``, and would download an
 ``http(s)`` path, SSRF-protected but still a fetch a caller chose), so every path gets the one
 answer; then in the component's preprocess, which holds even where the wrapper is missing (the
-app rendered inside another Blocks).
+app rendered inside another Blocks). A refused file reaches the event's function as a
+:class:`Refused` value, never as a path: the function raises its error (:func:`refuse`), so the
+error is the function's own and the page can keep it in view (``handlers.ErrorBoard``).
+
+A path inside Gradio's upload folder that is not (or no longer) an upload gets
+:data:`EXPIRED`: Gradio deletes uploads after a while (the app's ``delete_cache``), so an upload
+that waited too long in a queue ends here. The choice reads only the path's text, not the disk.
 
 Uploads are not tied to a session: Gradio's upload route records none. An upload's folder name
 is a SHA-256 of its bytes salted with a secret made once per Gradio installation, so naming
@@ -39,13 +46,16 @@ import functools
 import os
 import urllib.parse
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 import gradio as gr
 from gradio.context import Context, LocalContext
-from gradio.utils import is_static_file
+from gradio.utils import get_upload_folder, is_static_file
 from gradio_client.utils import is_http_url_like
+
+from ..errors import InputImageError
+from ..inputs.intake import probe
 
 NOT_UPLOADED = (
     "This file was not uploaded to this app. Upload the photo (API callers: POST it to "
@@ -56,6 +66,11 @@ NOT_UPLOADED_CLIP = (
     "This file was not uploaded to this app. Upload the clip (API callers: POST it to "
     "/gradio_api/upload and pass the path that returns)."
 )
+#: a path in Gradio's upload folder that is not an upload (any more): an expired upload, most likely
+EXPIRED = (
+    "This upload has expired: the server keeps uploads for a limited time, and this one waited too "
+    "long (e.g. in a long queue). Upload the {what} again."
+)
 CLIP_ERROR_TITLE = "Video problem"
 #: what the clip input's file picker offers (the reader checks the content, not the name)
 CLIP_TYPES = [".mp4", ".webm", ".mov", ".gif"]
@@ -64,6 +79,27 @@ CLIP_TYPES = [".mp4", ".webm", ".mov", ".gif"]
 _SERVED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 #: each clip input (see clip_input): refused with the clip's words
 _CLIPS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class Refused:
+    """A file input's value when its file was refused: the message and title the event's function
+    raises (:func:`refuse`). Never a path: anything that read it as one would refuse it too."""
+
+    def __init__(self, message: str, title: str) -> None:
+        self.message, self.title = message, title
+
+    def error(self) -> gr.Error:
+        return gr.Error(self.message, title=self.title, print_exception=False)
+
+    def __repr__(self) -> str:
+        return f"Refused({self.message!r})"
+
+
+def refuse(*values: Any) -> None:
+    """Raise the error of the first refused file among ``values`` (an event function's inputs)."""
+    for value in values:
+        if isinstance(value, Refused):
+            raise value.error()
 
 
 def photo_input(**kwargs: Any) -> gr.Image:
@@ -97,13 +133,42 @@ def photo_input(**kwargs: Any) -> gr.Image:
         url = str(payload.url or "")
         if url.startswith("data:"):
             return data_url_bytes(url)
-        return received_path(payload.path, served)
+        return received(payload.path, served, photo=True)
 
     image.postprocess = postprocess  # type: ignore[method-assign]
     image.preprocess = preprocess  # type: ignore[method-assign]
     _SERVED[image] = served
     _check_paths_before_gradio(Context.root_block)  # the app being built
     return image
+
+
+def say_on_arrival(image: gr.Image, status: Any = None) -> None:
+    """When a file arrives in ``image`` (upload, paste, example), check at once that it is an image
+    the package can read, and say what is wrong in ``status`` (a gr.Markdown, kept until the next
+    file) or, without one, in a pop-up. The run would refuse the file with the same words."""
+
+    def check(value: Any) -> Any:
+        text = arrival_problem(value)
+        if status is None:
+            if text:
+                gr.Warning(text, title=ERROR_TITLE)
+            return None
+        return f"⚠ {text}" if text else ""
+
+    image.change(check, image, status, api_visibility="private", queue=False, show_progress="hidden")
+
+
+def arrival_problem(value: Any) -> str:
+    """What is wrong with a photo input's value, or "" (nothing, or nothing known yet)."""
+    if isinstance(value, Refused):
+        return value.message
+    if not isinstance(value, str):  # None, or a data URL's bytes (read when the run starts)
+        return ""
+    try:
+        probe(value)
+    except InputImageError as err:
+        return str(err)
+    return ""
 
 
 def clip_input(**kwargs: Any) -> gr.File:
@@ -118,7 +183,7 @@ def clip_input(**kwargs: Any) -> gr.File:
     def preprocess(payload: Any) -> Any:
         if payload is None:
             return None
-        return received_path(payload.path, (), refusal=not_uploaded_clip)
+        return received(payload.path, (), photo=False)
 
     clip.preprocess = preprocess  # type: ignore[method-assign]
     _SERVED[clip] = set()
@@ -127,11 +192,9 @@ def clip_input(**kwargs: Any) -> gr.File:
     return clip
 
 
-def received_path(
-    path: object, served: Collection[str] = (), refusal: Callable[[], gr.Error] | None = None
-) -> str:
+def received(path: object, served: Collection[str] = (), photo: bool = True) -> str | Refused:
     """``path`` (resolved) if Gradio's upload route wrote it for the running app or it is in
-    ``served``; otherwise gr.Error(NOT_UPLOADED). Nothing here opens the file."""
+    ``served``; otherwise its :class:`Refused` value (:func:`refusal`). Nothing here opens the file."""
     blocks = LocalContext.blocks.get(None)  # the app serving this request (set by Gradio)
     # one copy made in C (atomic under the GIL): the upload route and delete_cache change the set
     uploads = list(getattr(blocks, "upload_file_set", ()))
@@ -143,36 +206,57 @@ def received_path(
         real = None
     if real is not None and (real in served or real in {os.path.realpath(p) for p in uploads}):
         return real
-    raise (refusal or not_uploaded)()
+    return refusal(path, photo)
 
 
-def not_uploaded() -> gr.Error:
-    return gr.Error(NOT_UPLOADED, title=ERROR_TITLE, print_exception=False)
+def refusal(path: object, photo: bool = True) -> Refused:
+    """Why a path is refused: :data:`EXPIRED` when its text names a place in Gradio's upload
+    folder (the disk is not consulted: the answer says nothing about the server's files),
+    otherwise :data:`NOT_UPLOADED` (or the clip's words)."""
+    title = ERROR_TITLE if photo else CLIP_ERROR_TITLE
+    if _in_upload_folder(path):
+        return Refused(EXPIRED.format(what="photo" if photo else "clip"), title)
+    return Refused(NOT_UPLOADED if photo else NOT_UPLOADED_CLIP, title)
 
 
-def not_uploaded_clip() -> gr.Error:
-    return gr.Error(NOT_UPLOADED_CLIP, title=CLIP_ERROR_TITLE, print_exception=False)
+def _in_upload_folder(path: object) -> bool:
+    if not isinstance(path, str) or "\0" in path or not os.path.isabs(path):
+        return False
+    folder = os.path.normpath(os.path.abspath(get_upload_folder()))
+    named = os.path.normpath(path)  # "..": resolved in the text only
+    return os.path.commonpath([folder, named]) == folder and named != folder
 
 
 def _check_paths_before_gradio(blocks: gr.Blocks | None) -> None:
     """Wrap ``blocks.preprocess_data`` (where Gradio moves file payloads into its cache, before
-    any preprocess) so every path sent to a photo input is checked first."""
+    any preprocess) so every path sent to a photo or clip input is checked first. A refused
+    input is withheld from Gradio (it gets None) and reaches the function as :class:`Refused`."""
     if blocks is None or getattr(blocks.preprocess_data, "checks_paths_first", False):
         return
     gradio_preprocess_data = blocks.preprocess_data
 
     @functools.wraps(gradio_preprocess_data)
     async def preprocess_data(block_fn: Any, inputs: list[Any], *args: Any, **kwargs: Any) -> Any:
-        for block, value in zip(block_fn.inputs, inputs, strict=False):  # extra values are ignored
+        refused: dict[int, Refused] = {}
+        for i, (block, value) in enumerate(zip(block_fn.inputs, inputs, strict=False)):  # extras ignored
             served = _SERVED.get(block)
             if served is None or value is None:
                 continue
-            refusal = not_uploaded_clip if block in _CLIPS else not_uploaded
+            photo = block not in _CLIPS
             if not isinstance(value, dict):  # a bare path string, a list...: never an upload
-                raise refusal()
-            if value.get("path") is not None or block in _CLIPS:  # a clip comes only by path
-                received_path(value.get("path"), served, refusal)
-        return await gradio_preprocess_data(block_fn, inputs, *args, **kwargs)
+                refused[i] = refusal(value if isinstance(value, str) else None, photo)
+            elif value.get("path") is not None or not photo:  # a clip comes only by path
+                checked = received(value.get("path"), served, photo)
+                if isinstance(checked, Refused):
+                    refused[i] = checked
+        if refused and len(inputs) != len(block_fn.inputs):  # Gradio would refuse the count first
+            raise next(iter(refused.values())).error()
+        if refused:
+            inputs = [None if i in refused else v for i, v in enumerate(inputs)]
+        processed = await gradio_preprocess_data(block_fn, inputs, *args, **kwargs)
+        for i, marker in refused.items():
+            processed[i] = marker
+        return processed
 
     preprocess_data.checks_paths_first = True  # type: ignore[attr-defined]
     blocks.preprocess_data = preprocess_data  # type: ignore[method-assign]

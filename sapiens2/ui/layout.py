@@ -2,7 +2,9 @@
 
 A tab: the size menu, the option widgets, the run button and the examples on the left; the
 before/after view, run info, the task's views and its downloads on the right. Every model run
-(buttons and the examples' lazy cache alike) shares one concurrency group, ``MODELS``.
+(buttons and the examples' lazy cache alike) shares one concurrency group, ``MODELS``. A run that
+fails leaves its error in the tab's run info until the next run (the event's ``.failure`` step;
+on a local launch also the operator's details, in a fold under it).
 """
 
 from __future__ import annotations
@@ -12,15 +14,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
-from gradio.context import Context, get_blocks_context
+from gradio.context import get_blocks_context
 
 from ..models.zoo import ARCHS, DETECTOR, WEIGHTS_LICENSE
 from ..serving import ModelManager
 from ..serving.folders import result_id
 from ..tasks.registry import OnDemand, Task
-from .handlers import Runner, all_endpoint, compare_endpoint, on_demand_endpoint, task_endpoint, time_requests
-from .inputs import photo_input
-from .widgets import option_widget, render_results, result_widgets, size_dropdown
+from .handlers import (
+    Runner,
+    all_endpoint,
+    compare_endpoint,
+    on_demand_endpoint,
+    shown_error,
+    task_endpoint,
+)
+from .inputs import photo_input, say_on_arrival
+from .widgets import OUTPUT_FILES, option_widget, render_results, result_widgets, size_dropdown
 
 #: The concurrency group of everything that runs a model.
 MODELS = "models"
@@ -77,15 +86,21 @@ def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -
     other = photo_input(
         label="Second photo (to compare)", sources=["upload", "webcam", "clipboard"], height=180
     )
+    say_on_arrival(other)
     button = gr.Button("Compare the two photos")
-    score = gr.Number(label=task.compare.label, precision=4)
+    # hidden until a comparison ran: Gradio's number box shows an empty value as 0, read as a score
+    score = gr.Number(None, label=task.compare.label, precision=4, interactive=False, visible=False)
     info = gr.Textbox(label="Comparison run info", interactive=False, max_lines=3)
-    button.click(
+    event = button.click(
         compare_endpoint(run, task),
         inputs=[photo, other, size],
         outputs=[score, info],
         api_name=task.compare.api_name,
         concurrency_id=MODELS,
+    )
+    event.success(lambda: gr.Number(visible=True), None, score, api_visibility="private", queue=False)
+    event.failure(
+        shown_error(task.compare.api_name, False), None, [info], api_visibility="private", queue=False
     )
 
 
@@ -98,7 +113,13 @@ def on_demand_block(run: Runner, task: Task, entry: OnDemand, downloads: gr.File
     button = gr.Button(
         entry.button, variant="secondary", interactive=False, elem_id=f"{entry.api_name}-button"
     )
-    files = gr.File(label=entry.label, file_count="multiple", elem_id=f"{entry.api_name}-files")
+    files = gr.File(
+        label=entry.label,
+        file_count="multiple",
+        interactive=False,
+        elem_id=f"{entry.api_name}-files",
+        elem_classes=[OUTPUT_FILES],
+    )
     info = gr.Textbox(
         label=f"{entry.label}: run info",
         interactive=False,
@@ -126,38 +147,76 @@ def on_demand_block(run: Runner, task: Task, entry: OnDemand, downloads: gr.File
         api_name=entry.api_name,
         concurrency_id="files",  # CPU file work: never waits behind a model run
         concurrency_limit=1,
-    )
+    ).failure(shown_error(entry.api_name, False), None, [info], api_visibility="private", queue=False)
 
 
-def task_tab(run: Runner, task: Task, photo: gr.Image, examples: list[str]) -> TabParts:
-    """One task's tab and its endpoint (``/<api_name>``)."""
+def operator_fold(operator: bool, key: str) -> list[Any]:
+    """Under the run info on a local launch: a fold for the operator's details of an error
+    (hidden until one happens); nothing on a public server."""
+    if not operator:
+        return []
+    with gr.Accordion("Details for this server's operator", open=False, visible=False) as fold:
+        details = gr.Textbox(
+            show_label=False, interactive=False, lines=3, max_lines=12, elem_id=f"{key}-operator"
+        )
+    return [fold, details]
+
+
+def task_tab(
+    run: Runner, task: Task, photo: gr.Image, examples: list[str], operator: bool = False
+) -> TabParts:
+    """One task's tab and its endpoint (``/<api_name>``). ``operator``: errors show the
+    operator's details in a fold (a local launch)."""
     manager: ModelManager = run.manager
-    time_requests(Context.root_block)  # the run info's end-to-end total (once per page)
     outputs = result_widgets(task)
     with gr.Tab(task.tab, id=task.api_name):
         with gr.Row():
             with gr.Column(scale=1):
                 size = size_dropdown(manager.sizes(task), manager.default_size(task))
-                parts = TabParts(
-                    task, [size, *(option_widget(o, manager.cuda) for o in task.options)], outputs
-                )
+                widgets = {o.name: option_widget(o, manager.cuda) for o in task.options}
+                parts = TabParts(task, [size, *widgets.values()], outputs)
+                link_enabled_options(task, widgets)
                 button = gr.Button(task.button, variant="primary")
                 handler = task_endpoint(run, task, manager.cuda)
                 if task.compare is not None:
                     compare_block(run, task, photo, size)
                 add_examples(photo, task, handler, parts, examples)
             with gr.Column(scale=2):
-                render_results(outputs)
+                fold = render_results(outputs, lambda: operator_fold(operator, task.name))
                 for entry in task.on_demand:
                     on_demand_block(run, task, entry, outputs[1 + len(task.views)])  # the downloads
-    button.click(
+    event = button.click(
         handler,
         inputs=[photo, *parts.controls],
         outputs=outputs,
         api_name=task.api_name,
         concurrency_id=MODELS,
     )
+    event.failure(
+        shown_error(task.api_name, operator),
+        None,
+        [outputs[-1], *fold],
+        api_visibility="private",
+        queue=False,
+    )
+    if fold:
+        event.success(
+            lambda: gr.Accordion(visible=False), None, fold[:1], api_visibility="private", queue=False
+        )
     return parts
+
+
+def link_enabled_options(task: Task, widgets: Mapping[str, Any]) -> None:
+    """An option declared ``enabled_by`` another (a switch) can be changed only while that switch
+    is on: e.g. normals' background choice matters only when the background is removed."""
+    for opt in task.options:
+        if opt.enabled_by is None:
+            continue
+        switch, widget = widgets[opt.enabled_by], widgets[opt.name]
+        widget.interactive = bool(switch.value)
+        switch.change(
+            lambda on: gr.update(interactive=bool(on)), switch, widget, api_visibility="private", queue=False
+        )
 
 
 def all_tasks_event(
@@ -177,7 +236,7 @@ def all_tasks_event(
         outputs=outputs,
         api_name="all",
         concurrency_id=MODELS,
-    )
+    ).failure(shown_error("all", False), None, [status], api_visibility="private", queue=False)
 
 
 def about_markdown(tasks: Mapping[str, Task]) -> str:

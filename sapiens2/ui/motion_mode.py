@@ -11,7 +11,8 @@ import gradio as gr
 
 from ..serving.motion import MotionRequests
 from ..video.handlers import TrackingOptions
-from .handlers import reported, warn
+from .handlers import BOARD, reported, shown_error, warn
+from .inputs import refuse
 from .widgets import whole_number
 
 
@@ -27,6 +28,7 @@ def motion_endpoint(ends: Any) -> Callable[..., list[Any]]:
         detect_every: int = 5,
         smoothing: bool = True,
         progress: gr.Progress = gr.Progress(),
+        request: gr.Request = None,
     ) -> list[Any]:
         """3D motion of every tracked person of a short clip: pose and the pointmap (with body
         parts for the people's mask) over the same frames; keypoints in metres, gaps of up to 5
@@ -42,6 +44,13 @@ def motion_endpoint(ends: Any) -> Callable[..., list[Any]]:
             detect_every: run the person detector on every K-th processed frame; boxes are tracked in between.
             smoothing: smooth keypoints over time per person (One-Euro filter, in 2D and in 3D).
         """
+        with BOARD.catching(request, "motion", "The 3D motion"):
+            return run(clip, size, stride, max_frames, detect_every, smoothing, progress)
+
+    def run(
+        clip: Any, size: Any, stride: Any, max_frames: Any, detect_every: Any, smoothing: Any, progress: Any
+    ) -> list[Any]:
+        refuse(clip)  # a clip not uploaded to this app (or expired) reaches here as its refusal
         if not isinstance(smoothing, bool) and smoothing is not None:
             raise gr.Error(f"smoothing must be true or false, got {smoothing!r}.", title="Invalid option")
 
@@ -81,10 +90,11 @@ def add_motion_mode(ends: Any, inputs: list[Any], outputs: list[Any], concurrenc
         label="3D motion: one animated skeleton per person (the GLB plays here, imports into Blender)",
         elem_id="video-motion", height=420, display_mode="solid",
     )  # fmt: skip
+    info = outputs[-1]
     button.click(
         motion_endpoint(ends), inputs=inputs, outputs=[*outputs, view], api_name="motion",
         concurrency_id=concurrency_id,
-    )  # fmt: skip
+    ).failure(shown_error("motion", False), None, [info], api_visibility="private", queue=False)  # fmt: skip
 
 
 __all__ = ["add_motion_mode", "motion_endpoint"]

@@ -17,10 +17,10 @@ from ..tasks.registry import Task
 from ..video.handlers import TrackingOptions
 from ..video.reader import VideoLimits
 from .gpu import gpu_device
-from .handlers import Runner, reported, warn
-from .inputs import clip_input
+from .handlers import BOARD, Runner, reported, shown_error, warn
+from .inputs import clip_input, refuse
 from .motion_mode import add_motion_mode
-from .widgets import checked_by_package, size_dropdown, whole_number
+from .widgets import OUTPUT_FILES, checked_by_package, size_dropdown, whole_number
 
 #: What one clip may cost in this app (uploads are capped at MAX_FILE_BYTES by Gradio too).
 APP_VIDEO_LIMITS = VideoLimits(max_bytes=MAX_FILE_BYTES, max_seconds=60.0, max_frames=150)
@@ -96,6 +96,7 @@ class VideoEndpoints:
     def plan(self, clip: Any, task: Any, size: Any, stride: Any, max_frames: Any) -> str:
         if clip is None:
             return "Upload a clip to see its frame count and the time the run will take."
+        refuse(clip)  # an error, as the run's: an API caller sees the refusal as such
         try:
             with reported(self.manager):
                 job = self.job(clip, task, size, stride, max_frames)
@@ -120,6 +121,7 @@ class VideoEndpoints:
         smoothing: Any,
         progress: Callable[..., Any],
     ) -> list[Any]:
+        refuse(clip)
         if not isinstance(smoothing, bool) and smoothing is not None:
             raise gr.Error(f"smoothing must be true or false, got {smoothing!r}.", title="Invalid option")
 
@@ -158,8 +160,10 @@ def video_endpoint(ends: VideoEndpoints) -> Callable[..., list[Any]]:
         detect_every: int = 5,
         smoothing: bool = True,
         progress: gr.Progress = gr.Progress(),
+        request: gr.Request = None,
     ) -> list[Any]:
-        return ends.run(clip, task, size, stride, max_frames, detect_every, smoothing, progress)
+        with BOARD.catching(request, "video", "The clip"):
+            return ends.run(clip, task, size, stride, max_frames, detect_every, smoothing, progress)
 
     # the API docs, from the declarations (the tasks that declare video)
     video.__doc__ = f"""Run a task on every stride-th frame of a short clip; returns the frames read and the
@@ -228,7 +232,12 @@ def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_
                     source = gr.Video(label="Frames read", elem_id="video-source", loop=True)
                     result = gr.Video(label="Result", elem_id="video-result", loop=True)
                 info = gr.Textbox(label="Run info", interactive=False, max_lines=2, elem_id="video-info")
-                files = gr.File(label="Downloads: video, JSON, ZIP, NPZ", file_count="multiple")
+                files = gr.File(
+                    label="Downloads: video, JSON, ZIP, NPZ",
+                    file_count="multiple",
+                    interactive=False,
+                    elem_classes=[OUTPUT_FILES],
+                )
                 summary = gr.JSON(label="Summary", height=240)
                 add_motion_mode(  # /motion: pose + pointmap -> 3D motion (sapiens2.ui.motion_mode)
                     ends, [clip, size, stride, max_frames, detect_every, smoothing],
@@ -254,4 +263,4 @@ def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_
         outputs=[source, result, files, summary, info],
         api_name="video",
         concurrency_id=concurrency_id,
-    )
+    ).failure(shown_error("video", False), None, [info], api_visibility="private", queue=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
@@ -9,7 +10,17 @@ import gradio as gr
 from ..errors import OptionError
 from ..tasks.options import Option
 from ..tasks.registry import Task, View
-from .inputs import photo_input
+from .inputs import photo_input, say_on_arrival
+
+#: Height of the before/after view, in CSS pixels.
+VIEW_HEIGHT = 520
+#: The class of every list of files the app gives (see PAGE_CSS).
+OUTPUT_FILES = "sapiens2-output-files"
+#: The page's own CSS (``launch(css=...)``): Gradio 6.31's file list shows a remove button on
+#: every row of a list of two or more files, even in an output; the app's lists are outputs.
+PAGE_CSS = f"""
+.{OUTPUT_FILES} button[aria-label="Remove this file"] {{ display: none; }}
+"""
 
 
 def checked_by_package(component: Any) -> Any:
@@ -54,7 +65,9 @@ def option_widget(opt: Option, gpu: bool) -> gr.components.Component:
     if opt.kind == "color":
         return gr.ColorPicker(value, label=label)
     if opt.kind == "image":
-        return photo_input(label=label, sources=["upload", "clipboard"], height=160)
+        image = photo_input(label=label, sources=["upload", "clipboard"], height=160)
+        say_on_arrival(image)
+        return image
     raise AssertionError(opt.kind)  # pragma: no cover - a declaration typo
 
 
@@ -74,6 +87,8 @@ def view_widget(view: View) -> gr.components.Component:
         return gr.JSON(label=view.label, height=260, render=False)
     if view.kind == "image":
         return gr.Image(label=view.label, type="numpy", height=240, render=False)
+    if view.kind == "html":
+        return gr.HTML(label=view.label, render=False)
     if view.kind == "model3d":
         # "solid": meshes render as surfaces; a POINTS primitive still renders as points
         return gr.Model3D(label=view.label, display_mode="solid", height=360, render=False)
@@ -86,20 +101,39 @@ def result_widgets(task: Task) -> list[gr.components.Component]:
     slider = gr.ImageSlider(
         label=f"{task.result_label}: before / after",
         type="numpy",
-        max_height=520,
+        # a fixed box: a very wide or tall photo is letterboxed inside it, clear of the label and
+        # the toolbar, instead of the box shrinking to the picture (a 25 px strip at 30:1)
+        height=VIEW_HEIGHT,
+        max_height=VIEW_HEIGHT,
         elem_id=f"{task.name}-result",
         render=False,
     )
-    files = gr.File(label=task.downloads, file_count="multiple", render=False)
-    groups = [gr.File(label=g.label, file_count="multiple", render=False) for g in task.file_groups]
+    # outputs: no remove buttons, no upload area (they are also event inputs, which would add them)
+    files, *groups = (
+        gr.File(
+            label=label,
+            file_count="multiple",
+            interactive=False,
+            elem_classes=[OUTPUT_FILES],
+            render=False,
+        )
+        for label in (task.downloads, *(g.label for g in task.file_groups))
+    )
     info = gr.Textbox(  # the first line: model, total; then each stage's seconds, then notes
         label="Run info", interactive=False, lines=2, max_lines=6, elem_id=f"{task.name}-info", render=False
     )
     return [slider, *(view_widget(v) for v in task.views), files, *groups, info]
 
 
-def render_results(components: list[gr.components.Component]) -> None:
-    """Show a tab's outputs: the before/after view, the run info under it, then the rest."""
+def render_results(
+    components: list[gr.components.Component], under_info: Callable[[], Any] | None = None
+) -> Any:
+    """Show a tab's outputs: the before/after view, the run info under it, then what
+    ``under_info()`` makes (its value is returned), then the rest."""
     slider, *rest, info = components
-    for c in (slider, info, *rest):
+    slider.render()
+    info.render()
+    made = under_info() if under_info is not None else None
+    for c in rest:
         c.render()
+    return made
