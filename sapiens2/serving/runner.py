@@ -40,14 +40,22 @@ DeviceCall = Callable[[str, str, list[Any], dict[str, Any], int], Any]
 DeviceMany = Callable[[list[tuple[str, str, list[Any], dict[str, Any]]], int], Iterator[tuple[int, Any]]]
 
 
-def read_photo(source: Any) -> Intake:
+NO_PHOTO = "No photo given: upload one, take one with the webcam or paste one."
+NO_SECOND_PHOTO = (
+    'No second photo to compare with: add one under "Second photo (to compare)" (upload, webcam '
+    "or paste; API: other_photo)."
+)
+
+
+def read_photo(source: Any, missing: str = NO_PHOTO) -> Intake:
     """Read the request's photo once (EXIF-upright, size-checked) for every task that uses it.
 
-    Raises InputImageError with the reason (empty, not an image, too large ...)."""
+    Raises InputImageError with the reason (empty, not an image, too large ...); ``missing`` is
+    the message when no photo was given."""
     from ..inputs.intake import load_image
 
     if source is None or (isinstance(source, str) and not source.strip()):
-        raise InputImageError("No photo given: upload one, take one with the webcam or paste one.")
+        raise InputImageError(missing)
     return load_image(source)
 
 
@@ -127,13 +135,18 @@ class RequestRunner:
         size: str | None,
         options: Mapping[str, Any],
         stages: Stages | None = None,
+        *,
+        missing: Sequence[str] = (),
     ) -> Job:
         """Read and check a request (CPU, no model): InputImageError / OptionError when bad.
-        ``stages``: where each step's seconds go (a fresh record if not given)."""
+        ``stages``: where each step's seconds go (a fresh record if not given); ``missing``: per
+        photo, the message when it is not given (default :data:`NO_PHOTO`)."""
         decl = registry.get(task)
         stages = stages or Stages()
         with stages.timed("read"):
-            intakes = [read_photo(p) for p in photos]
+            intakes = [
+                read_photo(p, m) for p, m in zip(photos, missing or [NO_PHOTO] * len(photos), strict=True)
+            ]
         size = self.manager.resolve_size(decl.name, size)
         infer_opts, render_opts = decl.split(options, gpu=self.manager.cuda)
         return Job(decl, size, intakes, infer_opts, render_opts, stages)
@@ -218,7 +231,7 @@ class RequestRunner:
         decl = registry.get(task)
         if decl.compare is None:
             raise InputImageError(f"The {decl.api_name} task does not compare photos.")
-        job = self.job(decl.name, [photo_a, photo_b], size, {})
+        job = self.job(decl.name, [photo_a, photo_b], size, {}, missing=(NO_PHOTO, NO_SECOND_PHOTO))
         a, b = self.results(job)
         line = run_info(f"{a.info.head()} (both photos)", job.stages)  # one forward made both results
         return decl.compare.score(a, b), line, [*a.notices, *b.notices]
