@@ -32,6 +32,7 @@ from sapiens2.inputs.limits import MAX_FILE_BYTES
 from sapiens2.tasks import registry
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input
+from sapiens2.ui import mcp_files
 from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
 from sapiens2.ui.video_tab import video_tab
 
@@ -188,6 +189,7 @@ def launch(
         max_file_size=MAX_FILE_SIZE,
         allowed_paths=[str(ASSETS)],
         mcp_server=_mcp_available(),
+        app_kwargs={"lifespan": mcp_files.lifespan},  # the MCP tools' file texts (sapiens2/ui/mcp_files.py)
         **extra,
     )
 
