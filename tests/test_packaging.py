@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -266,4 +267,13 @@ def test_readme_keeps_two_set_up_commands_and_the_cpu_torch_note() -> None:
     ci = (ROOT / ".ci" / "run").read_text().split("verbatim:\n", 1)[1].splitlines()[0]
     assert ci.replace(" -q ", " ") == blocks[1]  # CI runs the README's test command (pip made quiet)
     pin = str(read_requirements(ROOT / "requirements.txt")["torch"].specifier)
-    assert f"`pip install torch{pin} --index-url https://download.pytorch.org/whl/cpu`" in section
+    note = f"`pip install torch{pin} --index-url https://download.pytorch.org/whl/cpu`"
+    assert note in section
+    assert section.index(note) < section.index("```")  # read before the commands it changes
+    assert re.search(r"about \d+ tests in about \d+ minutes", section)  # how long the test command takes
+
+
+def test_readme_lists_albedo_with_your_own_checkpoint() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in readme.splitlines() if line.startswith("| **Albedo**")]
+    assert len(rows) == 1 and "your own checkpoint" in rows[0]
