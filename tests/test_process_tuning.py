@@ -74,7 +74,7 @@ _HEAP_PROBE = textwrap.dedent(
     import resource, sys, threading
     import numpy as np
     sys.path.insert(0, {root!r})
-    from sapiens2 import heap
+    from sapiens2.runtime import heap
     configured = heap.configure() if sys.argv[1] == "on" else False
     faults = []
 
