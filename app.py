@@ -29,7 +29,7 @@ from sapiens2.models import hub_cache
 from sapiens2.models.checkpoints import CHECKPOINTS_ENV, Checkpoints
 from sapiens2.runtime import heap
 from sapiens2.tasks import registry
-from sapiens2.ui import arrival
+from sapiens2.ui import arrival, mcp_files
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input, say_on_arrival
 from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
@@ -180,6 +180,15 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
     return manager
 
 
+def app_kwargs() -> dict[str, Any]:
+    """The FastAPI arguments of the served app: the middlewares (the run info's arrival stamp,
+    sapiens2/ui/arrival.py) and the lifespan (the MCP tools' file texts, sapiens2/ui/mcp_files.py).
+    A fresh dict each time: Gradio adds to it."""
+    kwargs = arrival.app_kwargs()
+    kwargs["lifespan"] = mcp_files.lifespan
+    return kwargs
+
+
 def launch(
     demo: gr.Blocks, *, host: str | None = None, port: int | None = None, share: bool = False, **extra: Any
 ):
@@ -192,7 +201,7 @@ def launch(
         max_file_size=MAX_FILE_SIZE,
         allowed_paths=[str(ASSETS)],
         mcp_server=_mcp_available(),
-        app_kwargs=arrival.app_kwargs(),  # the run info's queue stage (sapiens2/ui/arrival.py)
+        app_kwargs=app_kwargs(),  # the middlewares and the lifespan (above)
         css=PAGE_CSS,
         **extra,
     )

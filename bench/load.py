@@ -6,7 +6,9 @@ temporary folder, so it needs no weights and no network. The script then
 1. warms up with 20 mixed requests and reads the server's resident memory (RSS);
 2. sends ``--jobs`` concurrent jobs at once (mixed tasks): every job must answer, none be lost;
 3. continues to ``--requests`` requests in all and reads the RSS again (no leak: within 10%);
-4. counts the request folders and Gradio's cached files, waits for both cleaners, counts again;
+4. counts the request folders and Gradio's cached files, waits for both cleaners, and checks
+   what Gradio's cleaner promises (``delete_cache``): every file older than the age is gone, the
+   younger ones and the app's kept copies (example photos) stay;
 5. starts a second server with a small queue (``--overflow-queue``) and floods it: the jobs beyond
    the bound must get Gradio's "Queue is full! Please try again." at once instead of hanging, and
    the next request after the flood must succeed.
@@ -89,6 +91,9 @@ class Server:
     url: str
     requests_dir: Path
     cache_dir: Path
+    #: Gradio's cache as the server started, before any request: the copies the app keeps
+    #: (example photos, ``keep_in_cache``), which the cleaner must never delete
+    kept: set[Path] = field(default_factory=set)
 
     def rss_mb(self) -> float:
         """Resident memory of the server process (Linux /proc), MiB."""
@@ -126,7 +131,8 @@ def server(tmp: Path, name: str, args: argparse.Namespace, max_queue: int) -> It
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = _wait_for_url(proc, timeout=180)
-        yield Server(proc, url, work / "requests", work / "gradio")
+        cache = work / "gradio"
+        yield Server(proc, url, work / "requests", cache, kept=set(list_files(cache)))
     finally:
         proc.terminate()
         try:
@@ -253,6 +259,59 @@ def count_files(folder: Path) -> tuple[int, float]:
     return len(files), sum(p.stat().st_size for p in files) / 2**20
 
 
+def list_files(folder: Path) -> dict[Path, float]:
+    """Every file under ``folder`` -> its ctime (what Gradio's cleaner ages files by)."""
+    out: dict[Path, float] = {}
+    for path in folder.rglob("*") if folder.exists() else ():
+        try:
+            if path.is_file():
+                out[path] = path.lstat().st_ctime
+        except FileNotFoundError:  # deleted by the cleaner while we looked
+            continue
+    return out
+
+
+@dataclass
+class CacheVerdict:
+    """Gradio's ``delete_cache=(every, age)`` promise, checked on two listings of its cache: every
+    ``every`` seconds it deletes the app's files whose ctime is more than ``age`` seconds old,
+    except the copies the app keeps. ``old``: files past the age at the first listing (not kept);
+    ``young``: files still under the age at the second one."""
+
+    old: list[Path]
+    young: list[Path]
+    old_left: list[Path]  # past the age, still there after the cleaner's runs: a cleaner that fails
+    young_gone: list[Path]  # under the age, deleted anyway: a cleaner that deletes too much
+    kept_gone: list[Path]  # the app's kept copies, deleted
+
+    @property
+    def ok(self) -> bool:
+        """True when the cleaner kept its promise and the listings tested both sides of it."""
+        tested = bool(self.old) and bool(self.young)
+        return tested and not (self.old_left or self.young_gone or self.kept_gone)
+
+
+def judge_cache(
+    kept: set[Path],
+    first: dict[Path, float],
+    first_at: float,
+    second: dict[Path, float],
+    second_at: float,
+    age: float,
+    margin: float = 1.0,
+) -> CacheVerdict:
+    """Compare two listings (``list_files``) taken at ``first_at`` and ``second_at`` (time.time()),
+    with at least one cleaner run between them. ``margin`` seconds around the age absorb the
+    timestamps' resolution: a file that close to the age may go either way and is not judged."""
+    old = sorted(p for p, c in first.items() if p not in kept and first_at - c > age + margin)
+    # a file whose ctime moved on was handed out again (Gradio touches a reused copy): young again
+    old_left = [p for p in old if p in second and second_at - second[p] > age + margin]
+    young = sorted(p for p, c in first.items() if p not in kept and second_at - c < age - margin)
+    young_gone = [p for p in young if p not in second]
+    kept_gone = sorted(p for p in kept if p not in second)
+    return CacheVerdict(old, young, old_left, young_gone, kept_gone)
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -359,25 +418,41 @@ def cleaning_phase(
     """Old request folders and Gradio's cached outputs are deleted once past their ages."""
     folders_now, _ = count_files(srv.requests_dir)
     cache_now, cache_mb = count_files(srv.cache_dir)
+    before = list_files(srv.cache_dir)  # all past the age after the wait; the cleaner may start early
     req_dirs = lambda: len(list(srv.requests_dir.glob("req-*")))  # noqa: E731
     dirs_now = req_dirs()
-    # wait past both ages, then one request makes RequestFolders prune; Gradio's cleaner runs on its own
+    # wait past both ages, then one request makes RequestFolders prune (and gives the cache young
+    # files); Gradio's cleaner runs on its own every --cache-every seconds
     time.sleep(max(args.folder_age, args.cache_age) + 1)
     after = run_jobs(client, range(args.requests, args.requests + 1), photos, 1, args.job_timeout)
+    # one listing of both: a file handed out again since (same bytes, same path) counts as its new self
+    first_at, first = time.time(), {**before, **list_files(srv.cache_dir)}
     pruned = wait_until(lambda: req_dirs() <= 2, args.cache_every * 3)
-    cache_cleaned = wait_until(lambda: count_files(srv.cache_dir)[0] < cache_now // 4, args.cache_every * 3)
+    # until the old files are gone (two periods after the first listing at most: at least one run)
+    old = [p for p, c in first.items() if p not in srv.kept and first_at - c > args.cache_age + 1]
+    wait_until(lambda: not any(p.exists() for p in old), args.cache_every * 2 + 1)
+    second_at, second = time.time(), list_files(srv.cache_dir)
+    verdict = judge_cache(srv.kept, first, first_at, second, second_at, args.cache_age)
     report["temp_files"] = {
         "request_folders_before": dirs_now,
         "request_files_before": folders_now,
         "request_folders_after": req_dirs(),
         "gradio_cache_files_before": cache_now,
         "gradio_cache_mb_before": round(cache_mb, 1),
-        "gradio_cache_files_after": count_files(srv.cache_dir)[0],
+        "gradio_cache_files_after": len(second),
+        "gradio_cache": {
+            "kept_copies": len(srv.kept),
+            "older_than_age": len(verdict.old),
+            "younger_than_age": len(verdict.young),
+            "old_left": [str(p.relative_to(srv.cache_dir)) for p in verdict.old_left],
+            "young_deleted": [str(p.relative_to(srv.cache_dir)) for p in verdict.young_gone],
+            "kept_deleted": [str(p.relative_to(srv.cache_dir)) for p in verdict.kept_gone],
+        },
         "folder_age_s": args.folder_age,
         "cache_age_s": args.cache_age,
     }
     checks["request folders pruned"] = pruned and len(after.answered) == 1
-    checks["Gradio cache cleaned"] = cache_cleaned
+    checks["Gradio cache: every file past the age gone, younger and kept ones stay"] = verdict.ok
 
 
 def overflow_phase(

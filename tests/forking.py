@@ -8,8 +8,9 @@ import time
 import pytest
 
 
-def expect_child_success(pid: int, what: str, timeout_s: float = 20.0) -> None:
-    """Wait for a forked child: it must exit 0 in time, else it deadlocked on ``what``."""
+def expect_child_success(pid: int, what: str, timeout_s: float = 60.0) -> None:
+    """Wait for a forked child: it must exit 0 in time, else it deadlocked on ``what`` (a deadlock
+    lasts forever, so the bound is wide enough for a busy machine)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from test_fidelity import release_letterbox  # noqa: E402  (albedo is letterboxed as normals)
 
 from sapiens2 import serving  # noqa: E402
-from sapiens2.errors import WeightsUnavailableError  # noqa: E402
+from sapiens2.errors import CheckpointError, WeightsUnavailableError  # noqa: E402
 from sapiens2.inputs.intake import load_image  # noqa: E402
 from sapiens2.models import hub_cache  # noqa: E402
 from sapiens2.models.checkpoints import CHECKPOINTS_ENV, Checkpoints  # noqa: E402
@@ -66,6 +66,58 @@ def test_the_head_equals_the_reference_on_tiny_random_weights(albedo_checkpoint)
         want = ref(model.backbone.feature_map(tokens, grid))
     assert isinstance(out, DenseOutput)
     torch.testing.assert_close(out.values, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_tiny_checkpoint_is_written_in_the_release_norm_names(albedo_checkpoint) -> None:
+    """SPEC section 3: each RMSNorm2d holds its ``nn.RMSNorm`` as ``norm``, so the norm keys end in
+    ``.norm.weight`` and nothing sits directly at a norm's position."""
+    from safetensors import safe_open
+
+    path, _ = albedo_checkpoint
+    with safe_open(str(path), framework="pt") as fh:
+        keys = set(fh.keys())
+    norms = {k for k in keys if k.startswith("decode_head.") and "norm" in k}
+    want = {"decode_head.input_conv.1.norm.weight"}
+    want |= {f"decode_head.upsample_blocks.{k}.2.norm.weight" for k in range(4)}
+    want |= {f"decode_head.conv_layers.{i}.norm.weight" for i in (1, 4, 7)}
+    assert norms == want
+    direct = {"decode_head.input_conv.1.weight", "decode_head.conv_layers.1.weight"}
+    assert not direct & keys
+
+
+def test_norm_weights_directly_at_the_norms_position_are_refused(albedo_checkpoint, tmp_path) -> None:
+    """A file with ``...conv_layers.1.weight`` (no ``.norm``) is not the release's layout: refused
+    by name before any tensor is read, never loaded as instance norms with stray weights."""
+    from safetensors.torch import load_file, save_file
+
+    path, _ = albedo_checkpoint
+    state = {k.replace(".norm.weight", ".weight"): v for k, v in load_file(path).items()}
+    save_file(state, str(tmp_path / "flat.safetensors"))
+    with pytest.raises(CheckpointError, match=r"unexpected keys: decode_head\.conv_layers\.1\.weight"):
+        load_model("albedo", checkpoint=tmp_path / "flat.safetensors", device="cpu")
+
+
+@pytest.mark.parametrize("kind", ["deconv", "pixel_shuffle", "pointmap"])
+def test_every_head_kind_writes_and_reads_rms_norms_in_the_release_names(kind) -> None:
+    """All heads build their norms with one helper, so an RMSNorm head of any kind keeps the
+    release's ``.norm.weight`` names and reads back as the same configuration."""
+    from sapiens2.models.nn.heads import HeadConfig, build_head, head_config_from_shapes
+
+    k3 = ((8, 3), (4, 3))
+    extra = {"scale_conv": ((8, 1),), "scale_mlp": ((48, 1),)} if kind == "pointmap" else {}
+    if kind == "deconv":
+        cfg = HeadConfig(kind, "conv_seg", 16, 29, upsample=((8, 4), (4, 4)), conv=((4, 1),), norm="rms")
+    else:
+        predictor = "conv_pointmap" if kind == "pointmap" else "conv_normal"
+        cfg = HeadConfig(
+            kind, predictor, 16, 3, input_conv=(16, 3), upsample=k3, conv=k3, norm="rms", **extra
+        )
+    state = build_head(cfg).state_dict()
+    shapes = {f"decode_head.{k}": tuple(v.shape) for k, v in state.items()}
+    norms = [k for k, v in shapes.items() if len(v) == 1 and not k.endswith(".bias") and "scale" not in k]
+    assert norms and all(k.endswith(".norm.weight") for k in norms)
+    read = head_config_from_shapes(shapes)
+    assert (read.kind, read.norm, read.upsample, read.conv) == (kind, "rms", cfg.upsample, cfg.conv)
 
 
 @pytest.mark.parametrize(

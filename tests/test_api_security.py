@@ -15,7 +15,6 @@ import re
 import shutil
 import socket
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -185,12 +184,13 @@ def test_every_path_not_uploaded_gets_the_same_answer(server: Server, uploaded: 
 def test_a_fifo_never_stalls_the_queue(server: Server, uploaded: str, tmp_path: Path) -> None:
     fifo = tmp_path / "photo.png"
     os.mkfifo(fifo)
-    t0 = time.perf_counter()
+    # A FIFO's blocking open never returns, so each result's timeout is the bound (wide, for a
+    # busy machine: a tiny seg takes about 1 s on an idle one).
     first = server.submit("seg", seg_args({"path": str(fifo), "meta": META}))
     second = server.submit("seg", seg_args({"path": uploaded, "meta": META}))  # waits behind it (limit 1)
-    assert_refused(*server.result("seg", first, timeout=10))
-    event, data, _ = server.result("seg", second, timeout=30)
-    assert event == "complete" and time.perf_counter() - t0 < 15  # a tiny seg takes about 1 s
+    assert_refused(*server.result("seg", first, timeout=60))
+    event, data, _ = server.result("seg", second, timeout=60)
+    assert event == "complete"
     # Even a FIFO in the upload folder and the upload record (a hole in the path check) cannot
     # block: the intake opens without blocking and refuses anything but a regular file.
     from gradio.utils import get_upload_folder
@@ -201,13 +201,11 @@ def test_a_fifo_never_stalls_the_queue(server: Server, uploaded: str, tmp_path: 
     os.mkfifo(fifo)
     server.demo.upload_file_set.add(str(fifo))
     try:
-        t0 = time.perf_counter()
         first = server.submit("seg", seg_args({"path": str(fifo), "meta": META}))
         second = server.submit("seg", seg_args({"path": uploaded, "meta": META}))
-        event, data, _ = server.result("seg", first, timeout=10)
+        event, data, _ = server.result("seg", first, timeout=60)
         assert event == "error" and "is a FIFO (named pipe), not an image file" in data["error"]
-        assert server.result("seg", second, timeout=30)[0] == "complete"
-        assert time.perf_counter() - t0 < 15
+        assert server.result("seg", second, timeout=60)[0] == "complete"
     finally:
         server.demo.upload_file_set.discard(str(fifo))
         shutil.rmtree(planted)

@@ -228,6 +228,47 @@ def test_features_and_similarity(client: Client) -> None:
     assert sim_line.count("features") == 1 and "both photos" in sim_line  # one line, not two alike
 
 
+def _rest(url: str, api: str, data: list) -> tuple[str, Any]:
+    """One call through Gradio's REST API, as curl users make it: (event, data)."""
+    import json
+    import re
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{url}gradio_api/call/{api}",
+        data=json.dumps({"data": data}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    event_id = json.loads(urllib.request.urlopen(req, timeout=30).read())["event_id"]
+    text = urllib.request.urlopen(f"{url}gradio_api/call/{api}/{event_id}", timeout=120).read().decode()
+    event, data = re.findall(r"^event: (\w+)\ndata: (.*)$", text, re.M)[-1]
+    return event, json.loads(data)
+
+
+def test_similarity_names_the_missing_photo(client: Client, served, tiny_checkpoints) -> None:
+    """Issue 32: with the main photo loaded and no second one, the message names the second."""
+    import base64
+
+    from sapiens2.errors import InputImageError
+    from sapiens2.tasks import registry
+
+    with pytest.raises(Exception, match="No second photo to compare with") as err:
+        client.predict(photo(), None, "0.1b", api_name="/similarity")
+    assert "No photo given" not in str(err.value)
+    with pytest.raises(Exception, match="No photo given"):  # the main photo missing: that one
+        client.predict(None, photo(), "0.1b", api_name="/similarity")
+    url = "data:image/jpeg;base64," + base64.b64encode(PHOTO.read_bytes()).decode()
+    main = {"url": url, "meta": {"_type": "gradio.FileData"}}
+    event, data = _rest(served[1][0], "similarity", [main, None, "0.1b"])
+    assert event == "error" and "No second photo to compare with" in data["error"], data
+    # the Python API the endpoint calls
+    runner = serving.RequestRunner(serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints))
+    with pytest.raises(InputImageError, match="No second photo to compare with"):
+        runner.compare(registry.get("features"), str(PHOTO), None, "0.1b")
+    with pytest.raises(InputImageError, match="No photo given"):
+        runner.compare(registry.get("features"), None, None, "0.1b")
+
+
 def test_all_tasks(client: Client) -> None:
     values = client.predict(
         photo=photo(), pose_size="0.4b", classes=["Torso"], use_segmentation=False, api_name="/all"

@@ -204,12 +204,11 @@ def test_hub_timeout_is_a_clear_error_and_the_next_request_succeeds(
     monkeypatch.setattr(sapiens2.models.weights, "hub_unreachable", lambda *a, **k: None)
     manager = serving.ModelManager(device="cpu", factory=resolving_factory)
     HUB_CALLS.clear()
-    t0 = time.perf_counter()
     with pytest.raises(WeightsUnavailableError) as err:
         one_request.infer(manager, "matting", photo())
-    # the network is asked once; the other file name is only looked up in the cache (no 2nd timeout)
+    # the network is asked once; the other file name is only looked up in the cache (no 2nd timeout):
+    # counted, since the stand-in's timeout is instant and a clock could not tell them apart
     assert [c.get("local_files_only") for c in HUB_CALLS] == [False, True]
-    assert time.perf_counter() - t0 < 2.0
     text = str(err.value)
     assert "facebook/sapiens2-matting-1b" in text and "LocalEntryNotFoundError" in text
     assert "cause: ReadTimeout: The read operation timed out" in text

@@ -1,12 +1,14 @@
 """The installable package: pyproject.toml in step with the Space's requirements files, every
-third-party import declared, and a real install into a fresh virtual environment (reusing this
-machine's wheels, so no download) that works from another folder."""
+third-party import declared, and a real install into a fresh virtual environment (reusing the
+packages of the interpreter running the tests, so no download) that works from another folder."""
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
+import site
 import subprocess
 import sys
 import time
@@ -133,11 +135,43 @@ def test_console_script_is_the_module_entry() -> None:
     assert entry.main is cli.main  # python -m sapiens2 runs the same command
 
 
+def _site_dirs() -> list[str]:
+    """This interpreter's package folders, in its own order: what the fresh venv must see.
+
+    Not ``venv --system-site-packages``: from inside a venv (the README's flow: ``python -m venv``,
+    then ``pip install -r requirements-test.txt``) that shows the *base* interpreter's packages,
+    whose setuptools may lack ``bdist_wheel`` and which hold none of the test requirements."""
+    dirs = list(site.getsitepackages())
+    user = site.getusersitepackages()
+    if site.ENABLE_USER_SITE and user in sys.path:
+        dirs.append(user)
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def _build_requirements_missing() -> list[str]:
+    """pyproject's [build-system] requires that this interpreter does not meet (the install below
+    builds without isolation, so it uses these very packages)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    missing = []
+    for line in PYPROJECT["build-system"]["requires"]:
+        req = Requirement(line)
+        try:
+            if not req.specifier.contains(version(req.name), prereleases=True):
+                missing.append(f"{line} (found {version(req.name)})")
+        except PackageNotFoundError:
+            missing.append(f"{line} (not installed)")
+    return missing
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """``pip install`` of a copy of the source into a fresh venv that reuses this machine's site
-    packages (``--system-site-packages``), without build isolation, index or dependencies: no
-    download, a few seconds. Returns the venv's python, its ``sapiens2`` command and timings."""
+    """``pip install`` of a copy of the source into a fresh venv that sees this interpreter's
+    packages (a ``.pth`` file naming its site folders), without build isolation, index or
+    dependencies: no download, a few seconds. Returns the venv's python, its ``sapiens2`` command
+    and timings."""
+    missing = _build_requirements_missing()
+    assert not missing, f"the build needs {missing}: pip install -r requirements-test.txt installs them"
     tmp = tmp_path_factory.mktemp("install")
     src = tmp / "src"  # a copy: the build writes build/ and *.egg-info/ next to the sources
     src.mkdir()
@@ -146,12 +180,18 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     shutil.copytree(ROOT / "sapiens2", src / "sapiens2", ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp / "venv"
     t0 = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True
-    )
-    t1 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     bindir = venv / ("Scripts" if os.name == "nt" else "bin")
     python = bindir / ("python.exe" if os.name == "nt" else "python")
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    # after the venv's own folder, so the installed copy is the one imported; addsitedir also
+    # reads those folders' own .pth files, as a site folder's are
+    lines = [f"import site; site.addsitedir({d!r})" for d in _site_dirs()]
+    (Path(purelib) / "_this_interpreter.pth").write_text("\n".join(lines) + "\n")
+    t1 = time.perf_counter()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_CONSTRAINT")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     pip = [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", str(src)]
@@ -176,8 +216,10 @@ def test_fresh_venv_import_works_from_another_folder(installed: dict[str, object
         "import sys, json, sapiens2, sapiens2.cli as cli\n"
         "from sapiens2.data.metadata import KEYPOINT_NAMES, NUM_SEG_CLASSES\n"
         "cli.build_parser()\n"
+        "from importlib.metadata import version\n"
         "print(json.dumps({'file': sapiens2.__file__, 'version': sapiens2.__version__,\n"
-        "  'tables': [len(KEYPOINT_NAMES), NUM_SEG_CLASSES], 'gradio': 'gradio' in sys.modules}))\n"
+        "  'tables': [len(KEYPOINT_NAMES), NUM_SEG_CLASSES], 'gradio': 'gradio' in sys.modules,\n"
+        "  'setuptools': version('setuptools')}))\n"
     )
     done = _run(installed, installed["python"], "-c", code)
     assert done.returncode == 0, done.stderr
@@ -190,6 +232,10 @@ def test_fresh_venv_import_works_from_another_folder(installed: dict[str, object
     assert got["tables"] == [308, 29]  # the package data (keypoints308.json, seg29.json) came along
     assert got["version"] == __import__("sapiens2").__version__
     assert got["gradio"] is False  # the library and its command never need the app extra
+    # the packages of the interpreter running the tests, not its base's (when it is a venv)
+    from importlib.metadata import version
+
+    assert got["setuptools"] == version("setuptools")
 
 
 def test_fresh_venv_console_script(installed: dict[str, object]) -> None:
@@ -223,4 +269,13 @@ def test_readme_keeps_two_set_up_commands_and_the_cpu_torch_note() -> None:
     ci = (ROOT / ".ci" / "run").read_text().split("verbatim:\n", 1)[1].splitlines()[0]
     assert ci.replace(" -q ", " ") == blocks[1]  # CI runs the README's test command (pip made quiet)
     pin = str(read_requirements(ROOT / "requirements.txt")["torch"].specifier)
-    assert f"`pip install torch{pin} --index-url https://download.pytorch.org/whl/cpu`" in section
+    note = f"`pip install torch{pin} --index-url https://download.pytorch.org/whl/cpu`"
+    assert note in section
+    assert section.index(note) < section.index("```")  # read before the commands it changes
+    assert re.search(r"about \d+ tests in about \d+ minutes", section)  # how long the test command takes
+
+
+def test_readme_lists_albedo_with_your_own_checkpoint() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in readme.splitlines() if line.startswith("| **Albedo**")]
+    assert len(rows) == 1 and "your own checkpoint" in rows[0]

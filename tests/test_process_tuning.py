@@ -44,7 +44,7 @@ def _check_team_released() -> None:
     seen: list[int] = []
 
     def settled(base: int) -> int:  # OpenMP workers leave asynchronously
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # returns as soon as they are gone; wide for a busy machine
         while _threads() > base and time.monotonic() < deadline:
             time.sleep(0.01)
         return _threads() - base

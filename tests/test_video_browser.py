@@ -44,14 +44,18 @@ _PLAY = """async () => {
   const v = document.getElementById("v");
   await new Promise((done) => {
     if (v.readyState >= 2 || v.error) return done();
-    v.addEventListener("loadeddata", done); v.addEventListener("error", done); setTimeout(done, 10000);
+    v.addEventListener("loadeddata", done); v.addEventListener("error", done); setTimeout(done, 60000);
   });
   const out = {ready: v.readyState, error: v.error ? v.error.code : null, duration: v.duration,
                width: v.videoWidth, height: v.videoHeight, start: v.currentTime, now: null,
                src: v.currentSrc};
   if (out.error !== null || out.ready < 2) return out;
   await v.play();
-  await new Promise((done) => setTimeout(done, 500));
+  // until playback moves (an event, not a fixed wait: a busy machine decodes late); capped
+  await new Promise((done) => {
+    const moved = () => { if (v.currentTime > out.start) done(); };
+    v.addEventListener("timeupdate", moved); setTimeout(done, 60000); moved();
+  });
   out.now = v.currentTime;
   return out;
 }"""

@@ -148,15 +148,17 @@ def all_task_names() -> tuple[str, ...]:
 
 
 class RefRMSNorm2d(torch.nn.Module):
-    """The spec's RMSNorm2d: ``nn.RMSNorm`` over channels, eps 1e-6, with a weight (written out)."""
+    """The spec's RMSNorm2d: ``nn.RMSNorm`` over channels, eps 1e-6, with a weight. As in the
+    release it holds the ``nn.RMSNorm`` as its attribute ``norm``, so the checkpoint's key is
+    ``<position>.norm.weight``; the arithmetic is written out here, not borrowed from the package."""
 
     def __init__(self, channels: int) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(channels))
+        self.norm = torch.nn.RMSNorm(channels, eps=1e-6)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + 1e-6)
-        return x * rms * self.weight.view(1, -1, 1, 1)
+        return x * rms * self.norm.weight.view(1, -1, 1, 1)
 
 
 class RefAlbedoHead(torch.nn.Module):
@@ -197,7 +199,7 @@ def tiny_albedo_head(seed: int = 0) -> RefAlbedoHead:
     with torch.no_grad():
         for module in head.modules():
             if isinstance(module, RefRMSNorm2d):
-                module.weight.copy_(1.0 + 0.3 * torch.randn(module.weight.shape, generator=gen))
+                module.norm.weight.copy_(1.0 + 0.3 * torch.randn(module.norm.weight.shape, generator=gen))
             elif isinstance(module, torch.nn.Conv2d):
                 module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=gen))
     return head.eval()

@@ -572,7 +572,7 @@ def _last_worker(entry: Any) -> int | None:
     return max(pids) if pids else None
 
 
-def _wait_gone(pid: int | None, timeout_s: float = 20.0) -> bool:
+def _wait_gone(pid: int | None, timeout_s: float = 60.0) -> bool:
     """True if ``pid`` is still running after ``timeout_s`` (spaces' sentinel thread reaps it)."""
     import time
 

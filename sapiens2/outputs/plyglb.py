@@ -40,6 +40,7 @@ POINTS_MATERIAL = {
 
 _VERTEX = np.dtype([("xyz", "<f4", (3,))])
 _VERTEX_RGBA = np.dtype([("xyz", "<f4", (3,)), ("rgba", "u1", (4,))])
+_RGBA = np.dtype([("rgba", "u1", (4,))])
 _FACE = np.dtype([("n", "u1"), ("v", "<i4", (3,))])  # packed: 13 bytes, as PLY lists are
 
 
@@ -102,6 +103,11 @@ def _pad4(n: int) -> int:
     return -n % 4
 
 
+#: A piece of a GLB's binary chunk (one bufferView): its byte length (a multiple of 4) and what
+#: writes it, in file order.
+Block = tuple[int, Callable[[IO[bytes]], None]]
+
+
 def write_glb(
     path: str | Path,
     vertices: Any,
@@ -125,100 +131,99 @@ def write_glb(
         "scenes": [{"nodes": [0]}],
         "nodes": [{"name": "geometry_0"}],
     }
-    # (byte length, writer) of each bufferView, in file order
-    blocks: list[tuple[int, Callable[[IO[bytes]], None]]] = []
+    blocks: list[Block] = []
     if len(v):
-        accessors: list[dict[str, Any]] = []
-        attributes: dict[str, int] = {}
-        primitive: dict[str, Any] = {"attributes": attributes, "mode": _POINTS if f is None else _TRIANGLES}
-        if f is not None:
-            primitive["indices"] = len(accessors)
-            accessors.append(
-                {"bufferView": len(blocks), "componentType": _UINT, "type": "SCALAR", "count": f.size}
-            )
-            blocks.append((f.nbytes, lambda out: out.write(memoryview(f).cast("B"))))  # int32 >= 0 == uint32
-        # per column: a min over axis 0 of an (N, 3) array runs ~20x slower than over one column
-        lo = np.array([v[:, k].min() for k in range(3)]) * scale
-        hi = np.array([v[:, k].max() for k in range(3)]) * scale  # a negated axis swaps its bounds
-        attributes["POSITION"] = len(accessors)
-        accessors.append(
-            {
-                "bufferView": len(blocks),
-                "componentType": _FLOAT,
-                "type": "VEC3",
-                "count": len(v),
-                "min": np.minimum(lo, hi).tolist(),
-                "max": np.maximum(lo, hi).tolist(),
-            }
-        )
-
-        def positions(out: IO[bytes]) -> None:
-            def fill(rows: np.ndarray, src: slice) -> None:
-                np.multiply(v[src], scale, out=rows["xyz"])
-
-            _write_rows(out, len(v), _VERTEX, fill)
-
-        blocks.append((v.nbytes, positions))
-        if c is not None:
-            attributes["COLOR_0"] = len(accessors)
-            accessors.append(
-                {
-                    "bufferView": len(blocks),
-                    "componentType": _UBYTE,
-                    "normalized": True,
-                    "type": "VEC4",
-                    "count": len(c),
-                }
-            )
-
-            def rgba(out: IO[bytes]) -> None:
-                def fill(rows: np.ndarray, src: slice) -> None:
-                    rows["rgba"][:, :3] = c[src]
-                    rows["rgba"][:, 3] = 255
-
-                _write_rows(out, len(c), np.dtype([("rgba", "u1", (4,))]), fill)
-
-            blocks.append((4 * len(c), rgba))
-        if f is None:
-            primitive["material"] = 0
-            gltf["materials"] = [POINTS_MATERIAL]
-        views, offset = [], 0
-        for size, _ in blocks:  # every size is a multiple of 4: offsets stay aligned
-            views.append({"buffer": 0, "byteOffset": offset, "byteLength": size})
-            offset += size
-        gltf.update(
-            meshes=[{"name": "geometry_0", "primitives": [primitive]}],
-            accessors=accessors,
-            bufferViews=views,
-            buffers=[{"byteLength": offset}],
-        )
+        mesh, blocks = _glb_mesh(v, c, f, scale)
+        gltf.update(mesh)
         gltf["nodes"][0]["mesh"] = 0
     return write_glb_document(path, gltf, blocks)
 
 
-#: A piece of a GLB's binary chunk: its byte length (a multiple of 4) and what writes it.
-Block = tuple[int, Callable[[IO[bytes]], None]]
+def _glb_mesh(
+    v: np.ndarray, c: np.ndarray | None, f: np.ndarray | None, scale: np.ndarray
+) -> tuple[dict[str, Any], list[Block]]:
+    """The glTF entries of the one mesh (accessor i reads bufferView i) and the blocks they read."""
+    parts: list[tuple[dict[str, Any], Block]] = []
+    primitive: dict[str, Any] = {"attributes": {}, "mode": _POINTS if f is None else _TRIANGLES}
+    if f is not None:
+        primitive["indices"] = len(parts)
+        parts.append(_index_part(f))
+    primitive["attributes"]["POSITION"] = len(parts)
+    parts.append(_position_part(v, scale))
+    if c is not None:
+        primitive["attributes"]["COLOR_0"] = len(parts)
+        parts.append(_colour_part(c))
+    accessors = [{"bufferView": i, **accessor} for i, (accessor, _) in enumerate(parts)]
+    blocks = [block for _, block in parts]
+    views, offset = [], 0
+    for size, _ in blocks:  # every size is a multiple of 4: offsets stay aligned
+        views.append({"buffer": 0, "byteOffset": offset, "byteLength": size})
+        offset += size
+    mesh: dict[str, Any] = {}
+    if f is None:
+        primitive["material"] = 0
+        mesh["materials"] = [POINTS_MATERIAL]
+    mesh.update(
+        meshes=[{"name": "geometry_0", "primitives": [primitive]}],
+        accessors=accessors,
+        bufferViews=views,
+        buffers=[{"byteLength": offset}],
+    )
+    return mesh, blocks
+
+
+def _index_part(f: np.ndarray) -> tuple[dict[str, Any], Block]:
+    accessor = {"componentType": _UINT, "type": "SCALAR", "count": f.size}
+    return accessor, (f.nbytes, lambda out: out.write(memoryview(f).cast("B")))  # int32 >= 0 == uint32
+
+
+def _position_part(v: np.ndarray, scale: np.ndarray) -> tuple[dict[str, Any], Block]:
+    # per column: a min over axis 0 of an (N, 3) array runs ~20x slower than over one column
+    lo = np.array([v[:, k].min() for k in range(3)]) * scale
+    hi = np.array([v[:, k].max() for k in range(3)]) * scale  # a negated axis swaps its bounds
+    accessor = {
+        "componentType": _FLOAT,
+        "type": "VEC3",
+        "count": len(v),
+        "min": np.minimum(lo, hi).tolist(),
+        "max": np.maximum(lo, hi).tolist(),
+    }
+
+    def fill(rows: np.ndarray, src: slice) -> None:
+        np.multiply(v[src], scale, out=rows["xyz"])
+
+    return accessor, (v.nbytes, lambda out: _write_rows(out, len(v), _VERTEX, fill))
+
+
+def _colour_part(c: np.ndarray) -> tuple[dict[str, Any], Block]:
+    accessor = {"componentType": _UBYTE, "normalized": True, "type": "VEC4", "count": len(c)}
+
+    def fill(rows: np.ndarray, src: slice) -> None:
+        rows["rgba"][:, :3] = c[src]
+        rows["rgba"][:, 3] = 255
+
+    return accessor, (4 * len(c), lambda out: _write_rows(out, len(c), _RGBA, fill))
 
 
 def write_glb_document(path: str | Path, gltf: dict[str, Any], blocks: list[Block]) -> Path:
     """A GLB file: the header, ``gltf`` as the JSON chunk (padded with spaces) and, when there
     are ``blocks``, the binary chunk they write one after another (each a multiple of 4 bytes,
     so the bufferViews the caller laid out on them stay aligned)."""
+    path = Path(path)
     text = json.dumps(gltf, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    text += b" " * _pad4(len(text))  # the JSON chunk is padded with spaces
+    text += b" " * _pad4(len(text))
     bin_len = sum(size for size, _ in blocks)
     if bin_len % 4:
         raise ValueError(f"The binary chunk must be a multiple of 4 bytes, got {bin_len}.")
     total = 12 + 8 + len(text) + (8 + bin_len if blocks else 0)
-    p = Path(path)
-    with open(p, "wb") as out:
+    with open(path, "wb") as out:
         out.write(struct.pack("<III", _GLB_MAGIC, _GLB_VERSION, total))
         out.write(struct.pack("<II", len(text), _JSON_CHUNK) + text)
         if blocks:
             out.write(struct.pack("<II", bin_len, _BIN_CHUNK))
             for _, write in blocks:
                 write(out)
-    return p
+    return path
 
 
 __all__ = ["CHUNK_ROWS", "POINTS_MATERIAL", "Block", "write_glb", "write_glb_document", "write_ply"]

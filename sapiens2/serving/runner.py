@@ -36,14 +36,22 @@ from .present import Presented, Stages, present, run_info, what_ran
 log = logging.getLogger(__name__)
 
 
-def read_photo(source: Any) -> Intake:
+NO_PHOTO = "No photo given: upload one, take one with the webcam or paste one."
+NO_SECOND_PHOTO = (
+    'No second photo to compare with: add one under "Second photo (to compare)" (upload, webcam '
+    "or paste; API: other_photo)."
+)
+
+
+def read_photo(source: Any, missing: str = NO_PHOTO) -> Intake:
     """Read the request's photo once (EXIF-upright, size-checked) for every task that uses it.
 
-    Raises InputImageError with the reason (empty, not an image, too large ...)."""
+    Raises InputImageError with the reason (empty, not an image, too large ...); ``missing`` is
+    the message when no photo was given."""
     from ..inputs.intake import load_image
 
     if source is None or (isinstance(source, str) and not source.strip()):
-        raise InputImageError("No photo given: upload one, take one with the webcam or paste one.")
+        raise InputImageError(missing)
     return load_image(source)
 
 
@@ -100,12 +108,17 @@ class RequestRunner:
         size: str | None,
         options: Mapping[str, Any],
         stages: Stages | None = None,
+        *,
+        missing: Sequence[str] = (),
     ) -> Job:
         """Read and check a request (CPU, no model): InputImageError / OptionError when bad.
-        ``stages``: where each step's seconds go (a fresh record if not given)."""
+        ``stages``: where each step's seconds go (a fresh record if not given); ``missing``: per
+        photo, the message when it is not given (default :data:`NO_PHOTO`)."""
         stages = stages or Stages()
         with stages.timed("read"):
-            intakes = [read_photo(p) for p in photos]
+            intakes = [
+                read_photo(p, m) for p, m in zip(photos, missing or [NO_PHOTO] * len(photos), strict=True)
+            ]
         size = self.manager.resolve_size(task, size)
         infer_opts, render_opts = task.split(options, gpu=self.manager.cuda)
         return Job(task, size, intakes, infer_opts, render_opts, stages)
@@ -187,7 +200,7 @@ class RequestRunner:
         """Score two photos with the task's ``compare`` (one device call for both)."""
         if task.compare is None:
             raise InputImageError(f"The {task.name} task does not compare photos.")
-        job = self.job(task, [photo_a, photo_b], size, {})
+        job = self.job(task, [photo_a, photo_b], size, {}, missing=(NO_PHOTO, NO_SECOND_PHOTO))
         a, b = self.results(job)
         # one forward made both results: one line for both
         line = run_info(f"{what_ran(task.tab, a.info)}, both photos", job.stages, details=a.info.head())

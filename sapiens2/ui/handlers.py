@@ -47,6 +47,7 @@ from ..tasks.registry import OnDemand, Task
 from .arrival import waited
 from .gpu import gpu_device
 from .inputs import refuse
+from .mcp_files import photo_doc
 
 log = logging.getLogger("sapiens2.app")
 
@@ -376,7 +377,7 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
 
     doc = _docstring(
         task.summary,
-        [("photo", "the photo (file)."), ("size", _size_doc(task))]
+        [("photo", photo_doc()), ("size", _size_doc(task))]
         + [(o.name, o.describe(gpu)) for o in task.options],
     )
     return _endpoint(endpoint, task.api_name, ["photo", "size", *names], doc)
@@ -411,8 +412,8 @@ def compare_endpoint(run: Runner, task: Task) -> Callable[..., Any]:
     doc = _docstring(
         task.compare.help,
         [
-            ("photo", "the first photo (file)."),
-            ("other_photo", "the second photo (file)."),
+            ("photo", photo_doc("the first photo")),
+            ("other_photo", photo_doc("the second photo, to compare with the first")),
             ("size", _size_doc(task)),
         ],
     )
@@ -459,7 +460,7 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
                 out.extend([None] * (2 + len(task.views) + len(task.file_groups)) + [why])
         return [*out, status]
 
-    docs = [("photo", "the photo (file).")]
+    docs = [("photo", photo_doc())]
     for task, name, opt in params:
         docs.append((name, f"{task.tab}: {_size_doc(task) if opt is None else opt.describe(gpu)}"))
     summary = (

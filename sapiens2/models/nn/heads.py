@@ -5,8 +5,9 @@
 - ``PixelShuffleHead``: conv + PixelShuffle upsampling (normal: 3 channels; matting: 4 channels).
 - ``PointmapHead``: the pixel-shuffle head plus the scale branch (stride-2 convs + MLP).
 
-The norm after each conv is InstanceNorm (no parameters) in the released heads, or a channel
-RMSNorm with a weight (albedo) when the checkpoint holds a weight at the norm's index.
+The norm after each conv is InstanceNorm (no parameters) in the released heads, or the release's
+``RMSNorm2d`` (albedo): a module holding an ``nn.RMSNorm`` as ``norm``, so its only tensor is
+``<position>.norm.weight`` (SAPIENS2_SPEC.md section 3). A checkpoint with such keys gets it.
 
 All layers are Sequentials whose indices equal the checkpoint's key names
 (``decode_head.deconv_layers.3.weight`` ...); every width, count and kernel size comes from a
@@ -75,18 +76,23 @@ class HeadConfig:
         return out
 
 
-class ChannelRMSNorm(nn.RMSNorm):
-    """``nn.RMSNorm`` over the channels of a (B, C, H, W) map, with a per-channel weight."""
+class RMSNorm2d(nn.Module):
+    """``nn.RMSNorm`` over the channels of a (B, C, H, W) map, with a per-channel weight.
+
+    The ``nn.RMSNorm`` is the attribute ``norm``, as in the release, so the state-dict key is
+    ``<position>.norm.weight`` and a release checkpoint loads by its own names.
+    """
 
     def __init__(self, channels: int) -> None:
-        super().__init__(channels, eps=RMS_EPS)
+        super().__init__()
+        self.norm = nn.RMSNorm(channels, eps=RMS_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 def _norm_act(channels: int, norm: str = "instance") -> list[nn.Module]:
-    layer = ChannelRMSNorm(channels) if norm == "rms" else nn.InstanceNorm2d(channels)
+    layer = RMSNorm2d(channels) if norm == "rms" else nn.InstanceNorm2d(channels)
     return [layer, nn.SiLU()]
 
 
@@ -250,7 +256,7 @@ def head_config_from_shapes(shapes: Shapes, prefix: str = "decode_head.") -> Hea
         return prefix + name in shapes
 
     deconv = [(i, s) for i, s in _indexed(shapes, prefix, "deconv_layers") if len(s) == 4]
-    # conv weights are 4-D; a 1-D weight at a norm's index is a channel RMSNorm's
+    # conv weights are 4-D (an RMSNorm2d's weight is ``<i>.norm.weight``, which _indexed skips)
     convs = [(s[0], s[-1]) for _, s in _indexed(shapes, prefix, "conv_layers") if len(s) == 4]
     norm = "rms" if _has_norm_weight(shapes, prefix) else "instance"
     bias = {"conv": has("conv_layers.0.bias") or not convs}
@@ -299,11 +305,12 @@ def head_config_from_shapes(shapes: Shapes, prefix: str = "decode_head.") -> Hea
 
 
 def _has_norm_weight(shapes: Shapes, prefix: str) -> bool:
-    """True when the trunk's norms carry a weight (RMSNorm): a 1-D tensor right after a conv."""
-    for group in ("deconv_layers", "conv_layers", "input_conv"):
-        if any(len(s) == 1 for _, s in _indexed(shapes, prefix, group)):
-            return True
-    return any(len(s) == 1 for _, s in _indexed(shapes, prefix, "upsample_blocks.0"))
+    """True when the trunk's norms are the release's RMSNorm2d: ``<group>.<i>.norm.weight`` keys.
+
+    Only that layout counts: a 1-D ``.weight`` directly at a norm's position is no release
+    layout and is then refused by name as an unexpected key (``loading._check_keys``)."""
+    groups = ("deconv_layers", "conv_layers", "input_conv", "upsample_blocks.0")
+    return any(_indexed(shapes, prefix, group, ".norm.weight") for group in groups)
 
 
 def _block_ids(shapes: Shapes, prefix: str) -> list[int]:
