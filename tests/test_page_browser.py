@@ -127,6 +127,12 @@ def test_a_very_wide_or_tall_photo_keeps_a_readable_view_and_outputs_look_like_o
                 files = page.locator(".sapiens2-output-files").filter(visible=True).first
                 expect(files).to_contain_text(f"{name}_pose", timeout=10_000)
                 assert f"{name}_pose.json" in "".join(files.inner_text().split())  # names wrap
+                # the keypoint formats leave the main list for their own (the endpoint returns one)
+                formats = page.locator(".sapiens2-output-files").filter(visible=True).nth(1)
+                expect(formats.locator(f"a[download='{name}_keypoints.csv']")).to_have_count(
+                    1, timeout=10_000
+                )
+                expect(files.locator(f"a[download='{name}_keypoints.csv']")).to_have_count(0)
                 assert files.get_by_role("button", name="Remove this file").filter(visible=True).count() == 0
                 assert files.get_by_text("Drop File Here").count() == 0
                 names = [a.get_attribute("download") for a in files.locator("a[download]").all()]
@@ -235,6 +241,10 @@ def test_the_legend_is_text_and_run_all_tasks_says_what_runs(app_url: str, photo
             pose = run_tab_info(page, "Pose", "pose")
             assert (
                 pose.startswith("Pose (") and float(re.search(r"done in ([0-9.]+) s", pose).group(1)) < total
+            )
+            formats = page.locator(".sapiens2-output-files").filter(visible=True).nth(1)  # pose's
+            expect(formats.locator("a[download='small_coco_wholebody.json']")).to_have_count(
+                1, timeout=10_000
             )
             matting = run_tab_info(page, "Matting", "matting")
             assert matting.startswith("Matting did not run."), matting

@@ -311,11 +311,11 @@ def all_progress(progress: Any, title: Mapping[str, str]) -> Callable[[str, str]
 
 
 def outputs_of(task: Task, presented: Presented, info: str) -> list[Any]:
-    """A result's values in its tab's output order: slider pair (the small previews when made),
-    views, downloads (the main list, then one per ``Task.file_groups``), run info."""
-    files = [[str(p) for p in group] for group in task.group_files(presented.files)]
+    """A result's values in its endpoint's output order: slider pair (the small previews when
+    made), views, downloads (every file), run info."""
+    files = [str(p) for p in presented.files]
     pair = presented.previews or (presented.before, presented.after)
-    return [tuple(str(p) if not hasattr(p, "shape") else p for p in pair), *presented.views, *files, info]
+    return [tuple(str(p) if not hasattr(p, "shape") else p for p in pair), *presented.views, files, info]
 
 
 def _signature(names: list[str], required: int) -> inspect.Signature:
@@ -457,7 +457,7 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
                 out.extend(outputs_of(task, value, value.line))  # the task's own seconds
             else:  # skipped: the tab says why
                 why = f"{task.tab} did not run. {for_visitor(value)}" if value is not None else None
-                out.extend([None] * (2 + len(task.views) + len(task.file_groups)) + [why])
+                out.extend([None] * (2 + len(task.views)) + [why])
         return [*out, status]
 
     docs = [("photo", photo_doc())]

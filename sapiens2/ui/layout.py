@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -29,7 +30,14 @@ from .handlers import (
     task_endpoint,
 )
 from .inputs import photo_input, say_on_arrival
-from .widgets import OUTPUT_FILES, option_widget, render_results, result_widgets, size_dropdown
+from .widgets import (
+    OUTPUT_FILES,
+    download_groups,
+    option_widget,
+    render_results,
+    result_widgets,
+    size_dropdown,
+)
 
 #: The concurrency group of everything that runs a model.
 MODELS = "models"
@@ -183,6 +191,7 @@ def task_tab(
                 add_examples(photo, task, handler, parts, examples)
             with gr.Column(scale=2):
                 fold = render_results(outputs, lambda: operator_fold(operator, task.name))
+                split_downloads(task, outputs[1 + len(task.views)], download_groups(task))
                 for entry in task.on_demand:
                     on_demand_block(run, task, entry, outputs[1 + len(task.views)])  # the downloads
     event = button.click(
@@ -204,6 +213,24 @@ def task_tab(
             lambda: gr.Accordion(visible=False), None, fold[:1], api_visibility="private", queue=False
         )
     return parts
+
+
+def split_downloads(task: Task, files: gr.File, groups: list[gr.File]) -> None:
+    """Render a tab's further download lists (pose: the keypoint formats) and fill them from the
+    main one whenever a result lands in it (a run, a cached example, Run all): the endpoint's
+    outputs keep every file in one list, the page shows them grouped."""
+    for group in groups:
+        group.render()
+    if not groups:
+        return
+
+    def split(paths: list[str] | None) -> list[Any]:
+        lists = task.group_files([Path(p) for p in paths or []])
+        if not any(lists[1:]):  # already split (this listener's own update), or nothing to move
+            return [gr.skip()] * len(lists)
+        return [[str(p) for p in group] for group in lists]
+
+    files.change(split, files, [files, *groups], api_visibility="private", queue=False)
 
 
 def link_enabled_options(task: Task, widgets: Mapping[str, Any]) -> None:

@@ -96,8 +96,8 @@ def view_widget(view: View) -> gr.components.Component:
 
 
 def result_widgets(task: Task) -> list[gr.components.Component]:
-    """A task's outputs, unrendered: before/after slider, its views, downloads (the main list,
-    then one per ``Task.file_groups``), run info."""
+    """A task's outputs, unrendered and in its endpoint's order: before/after slider, its views,
+    downloads (every file), run info. The tab shows the downloads split (``download_groups``)."""
     slider = gr.ImageSlider(
         label=f"{task.result_label}: before / after",
         type="numpy",
@@ -108,21 +108,24 @@ def result_widgets(task: Task) -> list[gr.components.Component]:
         elem_id=f"{task.name}-result",
         render=False,
     )
-    # outputs: no remove buttons, no upload area (they are also event inputs, which would add them)
-    files, *groups = (
-        gr.File(
-            label=label,
-            file_count="multiple",
-            interactive=False,
-            elem_classes=[OUTPUT_FILES],
-            render=False,
-        )
-        for label in (task.downloads, *(g.label for g in task.file_groups))
-    )
     info = gr.Textbox(  # the first line: model, total; then each stage's seconds, then notes
         label="Run info", interactive=False, lines=2, max_lines=6, elem_id=f"{task.name}-info", render=False
     )
-    return [slider, *(view_widget(v) for v in task.views), files, *groups, info]
+    return [slider, *(view_widget(v) for v in task.views), downloads_widget(task.downloads), info]
+
+
+def downloads_widget(label: str) -> gr.File:
+    # outputs: no remove buttons, no upload area (they are also event inputs, which would add them)
+    return gr.File(
+        label=label, file_count="multiple", interactive=False, elem_classes=[OUTPUT_FILES], render=False
+    )
+
+
+def download_groups(task: Task) -> list[gr.File]:
+    """One more download list per ``Task.file_groups``, for the page only: the endpoint returns
+    every file in one list (its outputs stay as they were), and the tab moves a group's files out
+    of the main list when it changes (``ui.layout.split_downloads``)."""
+    return [downloads_widget(g.label) for g in task.file_groups]
 
 
 def render_results(
