@@ -237,10 +237,17 @@ class PosePipeline(Pipeline):
         return flip_test
 
     def prepare(
-        self, intake: Intake, *, boxes: Any = None, flip_test: bool | None = None, **_: Any
+        self,
+        intake: Intake,
+        *,
+        boxes: Any = None,
+        flip_test: bool | None = None,
+        input_hw: Any = None,
+        **_: Any,
     ) -> PosePrep:
         """The device step's input: caller boxes checked and clipped (OptionError when unusable),
-        and the uint8 pixels the device step needs (see :class:`PosePrep`)."""
+        and the uint8 pixels the device step needs (see :class:`PosePrep`). ``input_hw``: another
+        crop size than the checkpoint's (:meth:`~sapiens2.tasks.base.Pipeline.input_size`)."""
         from ..inputs.detector import detect_people
 
         self._flip_test(flip_test)
@@ -250,10 +257,10 @@ class PosePipeline(Pipeline):
         notices = list(getattr(boxes, "notices", []))
         # a Detections works too; detect_people checks the shape and clips to the image
         found = detect_people(work, boxes=intake.boxes_to_work(getattr(boxes, "boxes", boxes)))
-        in_h, in_w = self.network_hw
-        if len(found.boxes) * in_h * in_w * 3 >= work.nbytes:
+        hw = self.input_size(input_hw)
+        if len(found.boxes) * hw[0] * hw[1] * 3 >= work.nbytes:
             return PosePrep(work, found.boxes, notices=notices)
-        crops, _ = warp_crops(work, found.boxes, out_hw=self.network_hw)
+        crops, _ = warp_crops(work, found.boxes, out_hw=hw)
         return PosePrep(None, found.boxes, crops, notices)
 
     def infer(
@@ -263,17 +270,20 @@ class PosePipeline(Pipeline):
         flip_test: bool | None = None,
         score_threshold: float = 0.3,
         max_people: int = 20,
+        input_hw: Any = None,
         **_: Any,
     ) -> list[PoseRaw]:
         """Detection where a prep has no boxes, then ONE forward for all crops of all preps (and
-        their mirrors with ``flip_test``), decoded on the device; keypoints in working-copy px."""
+        their mirrors with ``flip_test``), decoded on the device; keypoints in working-copy px.
+        ``input_hw``: the crop size ``prepare`` was given."""
         flip = self._flip_test(flip_test)
+        hw = self.input_size(input_hw)
         info = self.run_info()
         found = [self._people(p, score_threshold, max_people) for p in batch]
-        crops = [self._crops(p, d.boxes) for p, d in zip(batch, found, strict=True)]
+        crops = [self._crops(p, d.boxes, hw) for p, d in zip(batch, found, strict=True)]
         if not crops:
             return []
-        kp, scores, bad = self._keypoints(torch.cat([x for x, _ in crops]), info, flip)
+        kp, scores, bad = self._keypoints(torch.cat([x for x, _ in crops]), info, flip, hw)
         share = replace(info, model_s=info.model_s / len(batch))  # one forward for the batch
         raws, start = [], 0
         for prep, det, (x, geom) in zip(batch, found, crops, strict=True):
@@ -302,15 +312,15 @@ class PosePipeline(Pipeline):
             flip_test=raw.flip_test,
         )
 
-    def _crops(self, prep: PosePrep, boxes: np.ndarray) -> tuple[torch.Tensor, CropInfo]:
-        """Normalised crops on the device and their geometry (crops made in prepare, or here)."""
+    def _crops(self, prep: PosePrep, boxes: np.ndarray, hw: tuple[int, int]) -> tuple[torch.Tensor, CropInfo]:
+        """Normalised ``hw`` crops on the device and their geometry (made in prepare, or here)."""
         if prep.crops is None:
-            return crop_people(
-                prep.image, boxes, device=self.device, dtype=self.dtype, out_hw=self.network_hw
-            )
+            return crop_people(prep.image, boxes, device=self.device, dtype=self.dtype, out_hw=hw)
+        if tuple(prep.crops.shape[1:3]) != tuple(hw):
+            raise OptionError(f"Pose crops of {prep.crops.shape[1:3]} were prepared; infer was given {hw}.")
         pixels = torch.from_numpy(prep.crops).permute(0, 3, 1, 2)
         x = network_input.normalize(network_input.to_device(pixels, self.device), self.dtype)
-        return x, crop_geometry(boxes, self.network_hw)
+        return x, crop_geometry(boxes, hw)
 
     def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
         from ..inputs.detector import Detections, detect_people
@@ -326,7 +336,7 @@ class PosePipeline(Pipeline):
         )
 
     def _keypoints(
-        self, x: torch.Tensor, info: RunInfo, flip_test: bool
+        self, x: torch.Tensor, info: RunInfo, flip_test: bool, hw: tuple[int, int]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(N, 308, 2) keypoints in crop pixels, (N, 308) scores and (N,) counts of non-finite
         heatmaps for a batch of N crops.
@@ -350,7 +360,7 @@ class PosePipeline(Pipeline):
         if flip_test:
             heatmaps = merge_flip(heatmaps[:p], heatmaps[p:], FLIP_INDEX)
         kp_hm, scores, _ = decode_checked(heatmaps)
-        kp_crop = heatmap_to_crop(kp_hm, tuple(heatmaps.shape[-2:]), self.network_hw)
+        kp_crop = heatmap_to_crop(kp_hm, tuple(heatmaps.shape[-2:]), hw)
         return kp_crop.cpu().numpy(), scores.cpu().numpy().astype(np.float32), bad.cpu().numpy()
 
 
