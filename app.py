@@ -33,6 +33,7 @@ from sapiens2.tasks import registry
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input
 from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
+from sapiens2.ui.live_tab import live_tab, middleware
 from sapiens2.ui.video_tab import video_tab
 
 log = logging.getLogger("sapiens2.app")
@@ -88,6 +89,7 @@ def build_demo(
         with gr.Tabs():
             tabs = [task_tab(run, task, photo, EXAMPLES) for task in tasks.values()]
             video_tab(run, MODELS)  # its own clip input; /video and /video_plan
+            live_tab(run)  # the webcam, streamed (a notice on ZeroGPU)
         all_tasks_event(run, tasks, tabs, photo, all_button, all_status)
         with gr.Accordion("About Sapiens2, licence and links", open=False):
             gr.Markdown(about_markdown(tasks))
@@ -181,6 +183,7 @@ def launch(
 ):
     """Start the server the way the Space does (tests call this too, with ``prevent_thread_lock``)."""
     serving.release_cpu_threads()  # start-up's torch work (model loads) ran on this thread
+    extra.setdefault("app_kwargs", {}).setdefault("middleware", middleware())  # Live counts dropped frames
     return demo.launch(
         server_name=host or os.environ.get("GRADIO_SERVER_NAME"),
         server_port=port,
