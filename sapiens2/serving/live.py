@@ -78,15 +78,16 @@ def input_label(key: str) -> str:
 class LiveOptions:
     """What a viewer chose. ``task``: zoo or API name of a task that declares ``video``;
     ``size``: None = :data:`LIVE_SIZE` where offered; ``input``: a key of :data:`INPUTS`;
-    ``render``: rendering options (e.g. matting's ``background_color`` or ``background_image``),
-    checked against the task's declaration; names the task does not declare are left out (one
-    viewer's knobs serve every task); ``tracking``: pose over time."""
+    ``task_options``: the task's own options (e.g. matting's ``background_color`` or
+    ``background_image``, pointmap's ``use_segmentation``), checked against its declaration;
+    names the task does not declare are left out (one viewer's knobs serve every task);
+    ``tracking``: pose over time."""
 
     task: str
     size: str | None = None
     input: str = "release"
     flip_test: bool = False
-    render: Mapping[str, Any] = field(default_factory=dict)
+    task_options: Mapping[str, Any] = field(default_factory=dict)
     tracking: TrackingOptions = TrackingOptions()
 
 
@@ -247,7 +248,7 @@ class LiveSession:
         size = options.size or (LIVE_SIZE if LIVE_SIZE in self.manager.sizes(decl.name) else None)
         size = self.manager.resolve_size(decl.name, size)
         declared = {o.name for o in decl.options}
-        values = {k: v for k, v in options.render.items() if v is not None and k in declared}
+        values = {k: v for k, v in options.task_options.items() if v is not None and k in declared}
         if "flip_test" in declared:
             values["flip_test"] = options.flip_test
         infer_opts, render_opts = decl.split(values, gpu=self.manager.cuda)

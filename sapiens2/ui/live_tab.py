@@ -178,7 +178,7 @@ def live_frame(run: Runner) -> Callable[..., tuple[Any, str, Viewer]]:
         dropped, arrived = viewer.dropped(LocalContext.event_id.get(None))
         with reported(manager):
             options = LiveOptions(
-                _task_name(task), size or None, network_input, bool(flip_test),
+                _task_name(task), size or None, network_input, False if flip_test is None else flip_test,
                 {"background_color": background_color, "background_image": background_image},
             )  # fmt: skip
             out = viewer.session.step(frame, options, captured_at=arrived, dropped=dropped)
