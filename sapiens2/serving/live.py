@@ -46,6 +46,7 @@ from ..tasks.base import finish_batch, prepare_batch
 from ..video.depth import DepthScale, foreground_depth, render_depth_frame
 from ..video.people import FramePeople, PoseTracking, TrackingOptions, draw_people
 from .cache import ModelManager
+from .present import Stages
 from .runner import run_on_device
 from .video import CPU_MACS_PER_S
 
@@ -193,6 +194,7 @@ class LiveFrame:
     step_s: float  # this frame's time in :meth:`LiveSession.step`
     latency_s: float  # capture (or arrival) to rendered
     notices: list[str] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)  # seconds: decode, load, people, prepare, ...
 
 
 @dataclass
@@ -291,21 +293,21 @@ class LiveSession:
         t0 = self.clock()
         at = t0 if captured_at is None else float(captured_at)
         setup = self._configure(options, at)
-        rgb = _bounded(frame)
+        stages = Stages()
+        with stages.timed("decode"):
+            intake = load_image(_bounded(frame))
         decl, size, opts = setup.decl, setup.size, dict(setup.infer_opts)
         if setup.hw is not None:
             opts["input_hw"] = setup.hw
-        with self.manager.holding(self.manager.prepare(decl.name, size, **setup.infer_opts)):
+        with stages.timed("load"):
+            held = self.manager.prepare(decl.name, size, **setup.infer_opts)  # a cache hit, after the first
+        with self.manager.holding(held):
             pipe = self.manager.get(decl.name, size)
-            intake = load_image(rgb)
-            people = self._people(setup, pipe, intake.rgb, at)
-            per_item = None if people is None else people.pose_options()
-            result = None
-            if people is None or per_item is not None:
-                preps = prepare_batch(pipe, [intake], opts, None if per_item is None else [per_item])
-                raws = self.device(decl.name, size, preps, opts)
-                [result] = finish_batch(pipe, raws, [intake], opts, None if per_item is None else [per_item])
-        image = self._render(setup, intake.rgb, result, people, at)
+            with stages.timed("people"):
+                people = self._people(setup, pipe, intake.rgb)
+            result = self._infer(pipe, setup, intake, opts, people, stages)
+        with stages.timed("render"):
+            image = self._render(setup, intake.rgb, result, people, at)
         done = self.clock()
         model_s = float(getattr(getattr(result, "info", None), "model_s", 0.0) or 0.0)
         self.stats.add(done, done - at, model_s, done - t0, dropped)
@@ -313,9 +315,31 @@ class LiveSession:
         self._last_done = done
         readout = f"{decl.tab} {setup.size_label} · input {setup.input_note} · {self.stats.line()}"
         notices = list(getattr(result, "notices", []) or [])
-        return LiveFrame(image, readout, model_s, done - t0, done - at, notices)
+        return LiveFrame(image, readout, model_s, done - t0, done - at, notices, stages.seconds)
 
-    def _people(self, setup: _Setup, pipe: Any, rgb: np.ndarray, at: float) -> FramePeople | None:
+    def _infer(
+        self,
+        pipe: Any,
+        setup: _Setup,
+        intake: Any,
+        opts: dict[str, Any],
+        people: FramePeople | None,
+        stages: Stages,
+    ) -> Any:
+        """prepare -> the device step -> finish for one frame (None: pose with nobody to infer)."""
+        per_item = None if people is None else people.pose_options()
+        if people is not None and per_item is None:
+            return None
+        extra = None if per_item is None else [per_item]
+        with stages.timed("prepare"):
+            preps = prepare_batch(pipe, [intake], opts, extra)
+        with stages.timed("device"):
+            raws = self.device(setup.decl.name, setup.size, preps, opts)
+        with stages.timed("finish"):
+            [result] = finish_batch(pipe, raws, [intake], opts, extra)
+        return result
+
+    def _people(self, setup: _Setup, pipe: Any, rgb: np.ndarray) -> FramePeople | None:
         """Pose: the people of this frame (the detector's every K-th frame, else the tracks')."""
         if setup.people is None:
             return None
