@@ -200,13 +200,16 @@ def expectation(run: Runner, task: str, size: str | None, network_input: str) ->
     except Exception as err:  # a bad choice says so here; the stream reports it too
         return f"Cannot run this choice: {getattr(err, 'message', err)}"
     where = f"this server's GPU ({run.manager.device})" if run.manager.cuda else "this CPU"
-    head = f"**{decl.tab} {size}**, input {input_label(network_input)}, on {where}."
+    label = run.manager.key(name, size)[1]  # "custom" for a --checkpoint model
+    head = f"**{decl.tab} {label}**, input {input_label(network_input)}, on {where}."
     if run.manager.cuda:
         return f"{head} The readout shows the frames/s and latency measured on it."
     hw = None if getattr(decl.pipeline, "fixed_input", False) else INPUTS.get(network_input)
-    seconds = cpu_seconds_per_frame(name, size, hw)
+    seconds = cpu_seconds_per_frame(name, label, hw)
     if seconds is None:
-        return f"{head} A CPU is slow for live video: expect seconds per frame."
+        return (
+            f"{head} No estimate for this model (not a published size): the readout shows the measured rate."
+        )
     return (
         f"{head} A CPU is slow for live video: expect about **{seconds:.0f} s a frame** (from the "
         "model's size at a rate measured on a 2-core machine; more cores are faster). The smallest "
@@ -217,7 +220,7 @@ def expectation(run: Runner, task: str, size: str | None, network_input: str) ->
 def live_tab(run: Runner) -> None:
     """The Live tab (a notice on ZeroGPU): camera, task, size, input, flip test and background on
     the left; the rendering and the readout on the right."""
-    with gr.Tab("Live", id="live"):
+    with gr.Tab("Live", id="live", elem_id="live-tab"):
         if zero_gpu_enabled():
             gr.Markdown(ZERO_GPU_NOTICE, elem_id="live-notice")
             return
