@@ -6,12 +6,15 @@ A camera thread puts JPEG frames (what the page sends) into the session's newest
 output does it (``gr.Image(format="jpeg").postprocess``: JPEG, hash, file in Gradio's cache).
 The models are the test suite's tiny checkpoints (``tests/tiny_checkpoints.py``, random weights,
 real heads): the model's own time is small and the rest, the live path's overhead, is what is
-measured. Pose has no detector weights here, so the whole frame is one person.
+measured; ``--size 0.4b`` (or any published size) builds that size's published shape with random
+weights instead, for a GPU's frames/s (``--device cuda --dtype bf16``). Pose has no detector
+weights here, so the whole frame is one person.
 
     python bench/live.py --json live.json                  # pose, 512x384 input, 60 frames at 20 a second
     python bench/live.py --task pose --input release --frames 30
     python bench/live.py --fps 0 --frames 30                # every frame processed: no drops
     python bench/live.py --all --json live_all.json         # every video task at every input
+    python bench/live.py --device cuda --dtype bf16 --size 0.4b --all --frames 200   # a GPU (not run here)
 
 Per frame: ``model`` = the forwards (the pipeline's own ``model_s``); ``overhead`` = everything
 else of the frame (decode, load, people, prepare, the device step outside the forward, finish,
@@ -75,6 +78,26 @@ def tiny_manager(folder: Path) -> serving.ModelManager:
     return serving.ModelManager(device="cpu", checkpoints=checkpoints)
 
 
+def shaped_manager(device: str, dtype: torch.dtype) -> serving.ModelManager:
+    """Models of each task's published shape at the requested size, random weights (no download;
+    ``bench/request.py``'s ``shape_model``); pose finds no detector weights: the whole frame."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from request import shape_model
+
+    from sapiens2.tasks import registry
+
+    def factory(task: str, size: str | None, **kw: Any) -> Any:
+        kw.pop("checkpoint", None)
+        model = shape_model(
+            task, size or registry.get(task).spec.default_size(True), torch.device(device), dtype
+        )
+        return registry.get(task).pipeline(
+            size, model=model, **{k: v for k, v in kw.items() if k not in ("device", "dtype")}
+        )
+
+    return serving.ModelManager(device=device, dtype=dtype, factory=factory)
+
+
 def encoder() -> Any:
     """The app's per-frame output encoding: gr.Image(format="jpeg").postprocess(array)."""
     import gradio as gr
@@ -83,10 +106,16 @@ def encoder() -> Any:
 
 
 def run(
-    manager: serving.ModelManager, task: str, network_input: str, frames: list[bytes], fps: float
+    manager: serving.ModelManager,
+    task: str,
+    network_input: str,
+    frames: list[bytes],
+    fps: float,
+    size: str | None,
 ) -> dict:
     session = LiveSession(manager)
-    options = LiveOptions(task, input=network_input)  # the task's defaults (pointmap: with its seg model)
+    # the task's own defaults otherwise (pointmap: with its seg model)
+    options = LiveOptions(task, size=size, input=network_input)
     encode = encoder()
     session.step(frames[0], options)  # warm-up: the model loads, caches fill
     session = LiveSession(manager)
@@ -133,6 +162,7 @@ def run(
 
     return {
         "task": task,
+        "size": size or "tiny",
         "input": network_input,
         "frames": stats.frames,
         "dropped": stats.dropped,
@@ -166,6 +196,11 @@ def main() -> None:
         help="torch threads (default 1, as the test suite: tiny models are small ops, and on a shared "
         "2-core machine two threads mostly wait for each other; 0: torch's own count)",
     )  # fmt: skip
+    ap.add_argument(
+        "--size", default="tiny", help="tiny (the test checkpoints) or a published size (random weights)"
+    )
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (published sizes only)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="published sizes only")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if args.threads:
@@ -181,11 +216,16 @@ def main() -> None:
     print(json.dumps(meta))
     frames = camera_frames(args.frames)
     runs = [(t, i) for t in TASKS for i in INPUTS] if args.all else [(args.task, args.input)]
+    meta["device"], meta["size"] = args.device, args.size
     with tempfile.TemporaryDirectory() as tmp:
-        manager = tiny_manager(Path(tmp))
+        if args.size == "tiny":
+            manager, size = tiny_manager(Path(tmp)), None
+        else:
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+            manager, size = shaped_manager(args.device, dtype), args.size
         results = []
         for task, network_input in runs:
-            row = run(manager, task, network_input, frames, args.fps)
+            row = run(manager, task, network_input, frames, args.fps, size)
             print(json.dumps(row))
             results.append(row)
     meta["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
