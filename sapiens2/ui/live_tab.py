@@ -39,6 +39,7 @@ from typing import Any
 import gradio as gr
 from gradio.context import LocalContext
 
+from ..errors import Sapiens2Error
 from ..serving.live import INPUTS, LIVE_SIZE, LiveOptions, LiveSession, cpu_seconds_per_frame, input_label
 from ..tasks import registry
 from ..zerogpu.entry import zero_gpu_enabled
@@ -197,8 +198,8 @@ def expectation(run: Runner, task: str, size: str | None, network_input: str) ->
         decl = registry.get(name)
         chosen = size or (LIVE_SIZE if LIVE_SIZE in run.manager.sizes(name) else None)
         size = run.manager.resolve_size(name, chosen)
-    except Exception as err:  # a bad choice says so here; the stream reports it too
-        return f"Cannot run this choice: {getattr(err, 'message', err)}"
+    except Sapiens2Error as err:  # a bad choice says so here; the stream reports it too
+        return f"Cannot run this choice: {err}"
     where = f"this server's GPU ({run.manager.device})" if run.manager.cuda else "this CPU"
     label = run.manager.key(name, size)[1]  # "custom" for a --checkpoint model
     head = f"**{decl.tab} {label}**, input {input_label(network_input)}, on {where}."
