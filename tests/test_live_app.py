@@ -229,6 +229,11 @@ def test_the_post_counter_numbers_each_stream_s_frames() -> None:
     assert viewer.dropped(event)[0] == 0  # the stream's first call (its join frame)
     for _ in range(3):
         live_tab.StreamPosts.arrived(event, time.perf_counter())
-    assert viewer.dropped(None)[0] == 4  # posts 1..5, the newest is this frame
+    assert viewer.dropped(None)[0] == 4  # posts 1..5 counted, this frame is the newest
+    for _ in range(2):  # Gradio takes post 6, and post 7 lands before the count...
+        live_tab.StreamPosts.arrived(event, time.perf_counter())
+    assert viewer.dropped(None)[0] == 1  # ... so post 7 is counted as dropped one frame early
+    assert viewer.dropped(None)[0] == -1  # the next frame is post 7: taken back
+    assert viewer.counted == 4 and viewer.taken == 3  # 7 posts, 3 taken from them: 4 dropped
     assert live_tab.StreamPosts.latest("no-such-event") == (0, None)
     assert np.isfinite(viewer.dropped(None)[1])

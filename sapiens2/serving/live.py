@@ -149,7 +149,7 @@ class LiveStats:
 
     def add(self, done_at: float, latency_s: float, model_s: float, step_s: float, dropped: int) -> None:
         self.frames += 1
-        self.dropped += max(0, int(dropped))
+        self.dropped = max(0, self.dropped + int(dropped))  # a caller may correct an early count (-1)
         self.done_at.append(done_at)
         self.latency_ms.append(1e3 * latency_s)
         self.model_ms.append(1e3 * model_s)
@@ -289,7 +289,8 @@ class LiveSession:
     ) -> LiveFrame:
         """Process one frame (RGB, any size: a long side above :data:`MAX_SIDE` is downscaled).
         ``captured_at``: when the frame was captured or arrived (``clock`` seconds; default now);
-        ``dropped``: frames replaced by this one before it was taken (added to the count)."""
+        ``dropped``: frames replaced before this one was taken (added to the count; a caller that
+        counted a frame one step early may give -1 to take it back)."""
         t0 = self.clock()
         at = t0 if captured_at is None else float(captured_at)
         setup = self._configure(options, at)

@@ -19,8 +19,8 @@ launch (``app.launch``): it counts each event's posts and keeps the arrival time
 The handler learns its event's id at the stream's first frame (Gradio's context,
 ``LocalContext.event_id``, is set for the call made from the join request; the frames posted
 after it carry no id, and the ``gr.Request`` a handler is given is the join request's for every
-frame): the posts counted since its previous frame, less the one it now holds, were dropped, and
-the latest arrival starts the latency clock. Without the middleware the readout says drops are
+frame): the posts counted less the frames taken were dropped, and the latest arrival starts the
+latency clock. Without the middleware the readout says drops are
 not counted and latency starts when the handler does.
 
 On ZeroGPU the tab is a notice instead (docs/LIVE.md: one admission per frame would cost at least
@@ -117,25 +117,32 @@ def middleware() -> list[Any]:
 
 
 class Viewer:
-    """One page's live state (a ``gr.State``): its session, its stream and the posts counted
-    when its previous frame started."""
+    """One page's live state (a ``gr.State``): its session, its stream, the frames it took from
+    the stream's posts and the drops counted so far."""
 
     def __init__(self, session: LiveSession) -> None:
         self.session = session
         self.event: str | None = None
-        self.posts = 0
+        self.taken = 0  # frames taken from posts (the join's frame is not a post)
+        self.counted = 0  # drops reported so far
 
     def dropped(self, event: str | None) -> tuple[int, float]:
-        """Frames dropped before this one, and when this one arrived. ``event``: Gradio's event
-        id, set for the call that starts a stream (its frame came with the join request) and
-        None for the frames posted after it (their bodies carry no id)."""
+        """Change in the frames dropped since the previous frame, and when this one arrived.
+        ``event``: Gradio's event id, set for the call that starts a stream (its frame came with
+        the join request) and None for the frames posted after it (their bodies carry no id).
+
+        Drops so far = posts counted - frames taken. A post that lands between Gradio taking a
+        frame and this count is counted one frame early (it is still pending); the next frame
+        takes it back, so the change can be -1 and the total is exact."""
         now = time.perf_counter()
         if event is not None and event != self.event:  # a new stream
-            self.event, self.posts = event, 0
+            self.event, self.taken, self.counted = event, 0, 0
             return 0, now
         posts, at = StreamPosts.latest(self.event)
-        dropped, self.posts = max(0, posts - self.posts - 1), posts
-        return dropped, at if at is not None else now
+        self.taken += 1
+        total = max(0, posts - self.taken)
+        change, self.counted = total - self.counted, total
+        return change, at if at is not None else now
 
 
 def camera_input() -> gr.Image:
