@@ -255,7 +255,7 @@ class LiveSession:
             values["flip_test"] = options.flip_test
         infer_opts, render_opts = decl.split(values, gpu=self.manager.cuda)
         hw, note = INPUTS[options.input], input_label(options.input)
-        if hw is not None and getattr(registry.get(decl.name).pipeline, "fixed_input", False):
+        if hw is not None and getattr(decl.pipeline, "fixed_input", False):
             hw, note = None, f"1024x768 ({decl.tab} runs only at the release's input)"
         key = (decl.name, size, hw, infer_opts.get("flip_test"), options.tracking)
         given = {k: render_opts[k] for k in values if k in render_opts}
@@ -285,9 +285,15 @@ class LiveSession:
     # -- one frame -------------------------------------------------------------------------
 
     def step(
-        self, frame: np.ndarray, options: LiveOptions, *, captured_at: float | None = None, dropped: int = 0
+        self,
+        frame: np.ndarray | bytes,
+        options: LiveOptions,
+        *,
+        captured_at: float | None = None,
+        dropped: int = 0,
     ) -> LiveFrame:
-        """Process one frame (RGB, any size: a long side above :data:`MAX_SIDE` is downscaled).
+        """Process one frame: an RGB array or an image file's bytes (a JPEG from the page), any
+        size (a long side above :data:`MAX_SIDE` is downscaled).
         ``captured_at``: when the frame was captured or arrived (``clock`` seconds; default now);
         ``dropped``: frames replaced before this one was taken (added to the count; a caller that
         counted a frame one step early may give -1 to take it back)."""
