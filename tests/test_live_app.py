@@ -237,3 +237,12 @@ def test_the_post_counter_numbers_each_stream_s_frames() -> None:
     assert viewer.counted == 4 and viewer.taken == 3  # 7 posts, 3 taken from them: 4 dropped
     assert live_tab.StreamPosts.latest("no-such-event") == (0, None)
     assert np.isfinite(viewer.dropped(None)[1])
+
+
+def test_the_app_gives_gradio_the_post_counter_beside_the_arrival_stamp() -> None:
+    import app
+    from sapiens2.ui import arrival
+
+    kwargs = app.app_kwargs()
+    assert [m.cls for m in kwargs["middleware"]] == [arrival.StampArrival, live_tab.StreamPosts]
+    assert "lifespan" in kwargs  # one app_kwargs: the MCP lifespan is still there
