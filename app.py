@@ -29,7 +29,7 @@ from sapiens2.models import hub_cache
 from sapiens2.models.checkpoints import CHECKPOINTS_ENV, Checkpoints
 from sapiens2.runtime import heap
 from sapiens2.tasks import registry
-from sapiens2.ui import arrival, mcp_files
+from sapiens2.ui import arrival, live_tab, mcp_files
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input, say_on_arrival
 from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
@@ -95,6 +95,7 @@ def build_demo(
         with gr.Tabs():
             tabs = [task_tab(run, task, photo, EXAMPLES, operator) for task in tasks.values()]
             video_tab(run, MODELS)  # its own clip input; /video and /video_plan
+            live_tab.live_tab(run)  # the webcam, streamed (a notice on ZeroGPU)
         all_tasks_event(run, tasks, tabs, photo, all_button, all_status)
         with gr.Accordion("About Sapiens2, licence and links", open=False):
             gr.Markdown(about_markdown(tasks))
@@ -182,9 +183,11 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
 
 def app_kwargs() -> dict[str, Any]:
     """The FastAPI arguments of the served app: the middlewares (the run info's arrival stamp,
-    sapiens2/ui/arrival.py) and the lifespan (the MCP tools' file texts, sapiens2/ui/mcp_files.py).
-    A fresh dict each time: Gradio adds to it."""
+    sapiens2/ui/arrival.py; the Live tab's count of frames posted, sapiens2/ui/live_tab.py) and
+    the lifespan (the MCP tools' file texts, sapiens2/ui/mcp_files.py). A fresh dict each time:
+    Gradio adds to it."""
     kwargs = arrival.app_kwargs()
+    kwargs["middleware"].append(live_tab.middleware())
     kwargs["lifespan"] = mcp_files.lifespan
     return kwargs
 

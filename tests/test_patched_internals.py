@@ -142,6 +142,19 @@ def test_the_remove_button_of_file_lists_is_named_as_the_page_css_expects() -> N
     assert 'button[aria-label="Remove this file"]' in PAGE_CSS
 
 
+def test_the_stream_route_keeps_one_pending_frame_and_names_its_event() -> None:
+    """Entry 8: the Live tab counts the POSTs to ``/stream/{event_id}`` (a route that replaces the
+    event's pending data) and learns its stream from ``LocalContext.event_id``."""
+    from sapiens2.ui.live_tab import _EVENT
+
+    entry = "Live tab's stream route and event id"
+    routes = inspect.getsource(__import__("gradio.routes", fromlist=["x"]))
+    assert '"/stream/{event_id}"' in routes, changed(entry, "the stream route's path")
+    assert "event.data = " in routes, changed(entry, "how the stream route keeps a posted frame")
+    assert LocalContext.event_id.get(None) is None, changed(entry, "LocalContext.event_id")
+    assert _EVENT.search("/gradio_api/stream/" + "ab" * 16) is not None
+
+
 def test_gradio_request_carries_the_starlette_request() -> None:
     """Not a patch (public API), listed for the run info's queue stage (ui/arrival.py): an event
     function's ``gr.Request`` holds the Starlette request whose scope the middleware stamped."""

@@ -155,8 +155,8 @@ def test_a_registered_task_gets_a_tab_an_endpoint_and_a_place_in_all(toy, tmp_pa
     manager = serving.ModelManager(device="cpu")
     demo = app.build_demo(manager, folders=serving.RequestFolders(tmp_path / "req"))
     tabs = [b.label for b in demo.blocks.values() if type(b).__name__ == "Tab"]
-    assert tabs == [t.tab for t in registry.all_tasks().values()] + ["Video"]  # tab order, then Video
-    assert tabs[-2] == "Invert" and demo.title.endswith(", Invert")  # the page title names it too
+    assert tabs == [t.tab for t in registry.all_tasks().values()] + ["Video", "Live"]  # tab order, then clips
+    assert tabs[-3] == "Invert" and demo.title.endswith(", Invert")  # the page title names it too
     api = demo.get_api_info()["named_endpoints"]
     assert [p["parameter_name"] for p in api["/invert"]["parameters"]] == ["photo", "size", "strength"]
     all_params = [p["parameter_name"] for p in api["/all"]["parameters"]]

@@ -528,6 +528,60 @@ def scenario_quota(tmp: Path, checkpoints_json: str, policy: str, quota: str, *f
     return out
 
 
+def scenario_live_admission(tmp: Path, checkpoints_json: str, policy: str, frames: str) -> dict[str, Any]:
+    """What a live stream would cost with one GPU admission per frame: ``frames`` frames of a
+    640x480 camera (body parts at a 512x384 input, the live view's fastest) each sent through the
+    app's GPU entry (``sapiens2.ui.gpu.gpu_device``) as the unit the live view runs (a
+    ``OneTask`` with the live frame's reservation), from a visitor's handler thread, against the stand-in device API charging by
+    ``policy``; the Space's resident set modelled. Returns each call's wall time and its
+    forward's time in the worker, and the device API's log (seconds requested and charged)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    api = DeviceApi(tmp / "device-api", 10**6, policy)
+    install_device_api(api)
+    import app
+    from sapiens2 import serving
+    from sapiens2.inputs.intake import load_image
+    from sapiens2.serving.device import Batch, OneTask
+    from sapiens2.serving.live import INPUTS, frame_seconds
+    from sapiens2.tasks import registry
+    from sapiens2.tasks.base import prepare_batch
+    from sapiens2.ui import gpu
+    from sapiens2.zerogpu import entry as zerogpu
+
+    checkpoints = json.loads(Path(checkpoints_json).read_text())
+    manager = serving.ModelManager(checkpoints=checkpoints, on_change=zerogpu.resident_changed)
+    manager.resident_bytes = lambda: SPACE_RESIDENT_BYTES
+    app.build_demo(manager)
+    device = gpu.gpu_device(manager)
+    seg = registry.get("seg")
+    frame = np.random.default_rng(0).integers(0, 255, (480, 640, 3), np.uint8)
+    opts = {"input_hw": INPUTS["512x384"]}
+
+    def stream() -> dict[str, Any]:
+        as_visitor()
+        size = manager.resolve_size(seg, None)
+        manager.prepare(seg, size)
+        preps = prepare_batch(manager.get(seg, size), [load_image(frame)], opts)
+        seconds = frame_seconds(manager, seg, size, {})
+        walls, forwards = [], []
+        for _ in range(int(frames)):
+            t0 = time.perf_counter()
+            [[raw]] = device(OneTask(Batch(seg, size, tuple(preps), opts), seconds))
+            walls.append(round(1e3 * (time.perf_counter() - t0), 1))
+            forwards.append(round(1e3 * raw.timing.model_s, 1))
+        return {"size": size, "seconds": seconds, "wall_ms": walls, "forward_ms": forwards}
+
+    with ThreadPoolExecutor(1) as handler_thread:  # Gradio runs handlers in worker threads
+        out = handler_thread.submit(stream).result()
+    out["calls"] = [{k: v for k, v in e.items() if k != "token"} for e in api.log]
+    out["policy"] = policy
+    return out
+
+
 def _no_progress(*_: Any, **__: Any) -> None:
     return None
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputImageError
+from ..errors import InputImageError, OptionError
 from ..models.zoo import IMAGE_MEAN, IMAGE_STD, INPUT_SIZE
 
 _MEAN = torch.tensor(IMAGE_MEAN, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
@@ -86,6 +86,25 @@ def pad_info(source_hw: tuple[int, int], hw: tuple[int, int] = INPUT_SIZE) -> Pa
     scale = min(hw[1] / w, hw[0] / h)  # the release's expression, so float ties truncate alike
     ih, iw = min(hw[0], max(1, int(h * scale))), min(hw[1], max(1, int(w * scale)))
     return PadInfo((hw[0] - ih) // 2, (hw[1] - iw) // 2, (ih, iw), tuple(hw), (h, w))
+
+
+#: The sides a network input may take: the backbone cuts it into 16 px patches.
+PATCH = 16
+MIN_SIDE, MAX_SIDE = 64, 4096
+
+
+def check_input_hw(hw: object) -> tuple[int, int]:
+    """A caller's network input size, (H, W) whole multiples of :data:`PATCH` from
+    :data:`MIN_SIDE` to :data:`MAX_SIDE` px; OptionError otherwise. Sizes other than the
+    checkpoint's own run (faster when smaller) but are not what the weights were trained on."""
+    ok = isinstance(hw, (tuple, list)) and len(hw) == 2
+    sides = [int(v) for v in hw if isinstance(v, (int, np.integer)) and not isinstance(v, bool)] if ok else []
+    if len(sides) != 2 or any(v % PATCH or not MIN_SIDE <= v <= MAX_SIDE for v in sides):
+        raise OptionError(
+            f"The network input must be (height, width) in whole multiples of {PATCH} px from "
+            f"{MIN_SIDE} to {MAX_SIDE}; got {hw!r}."
+        )
+    return sides[0], sides[1]
 
 
 # --- the release's network inputs made on the CPU as uint8 (the stages' ``prepare``) ---------
@@ -162,6 +181,7 @@ def crop_padding(t: torch.Tensor, pad: PadInfo) -> torch.Tensor:
 
 __all__ = [
     "PadInfo",
+    "check_input_hw",
     "crop_padding",
     "letterbox_release",
     "network_batch",

@@ -101,6 +101,19 @@ def clip_seconds(size: str, work: Work, frames: int, batch: int, detect_every: i
     return seconds + FRAME_HOST_S * frames
 
 
+def frame_seconds(size: str, work: Work) -> float:
+    """Seconds of device work of one live camera frame's call (start-up excluded): the forwards
+    of its crops (:data:`VIDEO_PEOPLE` people for a task that crops each) or of the frame, and of
+    each borrowed model. Its person detection is a call of its own (:func:`detect_seconds`)."""
+    per_frame = work.forwards * (VIDEO_PEOPLE if work.people else 1)
+    return forward_seconds(size, per_frame) * (1 + work.borrowed)
+
+
+def detect_seconds(frames: int) -> float:
+    """Seconds of device work of one call detecting the people in ``frames`` small frames."""
+    return CALL_OVERHEAD_S + DETECT_GPU_S * frames
+
+
 def weight_bytes(sizes: Iterable[str | None]) -> int:
     """bf16 bytes of the published weights of models of these sizes (0 for an unknown size)."""
     return int(sum(2e9 * ARCHS[s].params_b for s in sizes if s in ARCHS))

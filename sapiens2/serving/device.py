@@ -2,7 +2,8 @@
 
 :class:`OneTask` (a photo, or two compared photos: one task's batch), :class:`AllTasks` ("Run all
 tasks": every task's batch, each task's raws streamed as soon as its forward is done) and
-:class:`Clip` (a whole video clip: progress per batch, then the result). Each is a frozen,
+:class:`Clip` (a whole video clip: progress per batch, then the result) and :class:`Detect` (the
+people in a live view's frame, by the task's detection hook). Each is a frozen,
 picklable dataclass (a task pickles by its name; a GPU worker is a fork of the server and holds
 the same declarations) carrying the seconds its call reserves, and runs where the models are
 with :meth:`run`: it never loads (a missing model is a ResidencyError), and package errors are
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Sapiens2Error
+from ..errors import OptionError, Sapiens2Error
 from ..tasks.registry import Task
 from ..video.handlers import FrameHandler, TrackingOptions
 from ..video.reader import VideoLimits
@@ -123,7 +124,32 @@ class Clip:
             )  # fmt: skip
 
 
-Unit = OneTask | AllTasks | Clip
+@dataclass(frozen=True)
+class Detect:
+    """A call finding the people in frames with the task's detection hook (``Task.video.detect``:
+    pose's person detector at its options); yields one list, a result per frame. A live view's
+    detection frames (``sapiens2.serving.live``); a clip detects inside its own call."""
+
+    task: Task
+    size: str
+    frames: tuple[Any, ...]  # (H, W, 3) uint8 RGB each
+    options: Mapping[str, Any]
+    seconds: int
+
+    @property
+    def what(self) -> str:
+        return f"{self.task.name} detection"
+
+    def run(self, manager: ModelManager) -> Iterator[list[Any]]:
+        video = self.task.video
+        if video is None or video.detect is None:
+            raise OptionError(f"The {self.task.name} task has no person detection.")
+        with loading_forbidden():
+            find = video.detect(manager.get(self.task, self.size, load=False), self.options)
+            yield [find(frame) for frame in self.frames]
+
+
+Unit = OneTask | AllTasks | Clip | Detect
 #: Runs a unit where the models are and streams what it yields (one GPU admission per unit).
 Device = Callable[[Unit], Iterator[Any]]
 
@@ -133,4 +159,4 @@ def local_device(manager: ModelManager) -> Device:
     return lambda unit: unit.run(manager)
 
 
-__all__ = ["AllTasks", "Batch", "Clip", "Device", "OneTask", "Unit", "local_device"]
+__all__ = ["AllTasks", "Batch", "Clip", "Detect", "Device", "OneTask", "Unit", "local_device"]

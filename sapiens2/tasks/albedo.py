@@ -95,8 +95,10 @@ class AlbedoPipeline(SegMaskedPipeline):
         background, as the release does (if it cannot be loaded, a notice says so)."""
         return self.run_stages(image, use_segmentation=use_segmentation)
 
-    def prepare(self, intake: Intake, *, use_segmentation: bool = True, **_: Any) -> DensePrep:
-        return self.prepare_dense(intake, use_segmentation)
+    def prepare(
+        self, intake: Intake, *, use_segmentation: bool = True, input_hw: Any = None, **_: Any
+    ) -> DensePrep:
+        return self.prepare_dense(intake, use_segmentation, input_hw)
 
     def infer(self, batch: list[DensePrep], **_: Any) -> list[AlbedoRaw]:
         raws = [AlbedoRaw() for _ in batch]

@@ -95,6 +95,9 @@ class Pipeline:
     #: Other multiples of 16 run (faster when smaller) but are outside what the model was trained
     #: on: change it only for models trained at another size, or for quick tests.
     input_hw: tuple[int, int] | None = None
+    #: The checkpoint fixes the network input (pointmap's scale branch): a call's ``input_hw``
+    #: other than :attr:`network_hw` is refused.
+    fixed_input: ClassVar[bool] = False
     #: long-side limit of the working copy (see sapiens2.inputs.intake.load_image); settable per instance
     max_side: int = DEFAULT_MAX_SIDE
     #: the constructor's keywords besides the model's, with their defaults (pose: ``detector``;
@@ -137,6 +140,23 @@ class Pipeline:
     def network_hw(self) -> tuple[int, int]:
         """The (H, W) the model is fed: ``input_hw`` or the checkpoint's own input size."""
         return tuple(self.input_hw or self.spec.input_size(self.size or ""))
+
+    def input_size(self, input_hw: Any = None) -> tuple[int, int]:
+        """The network input (H, W) of one call: ``input_hw`` when given (checked by
+        :func:`sapiens2.inputs.network.check_input_hw`), else :attr:`network_hw`. The stages take
+        it as their ``input_hw`` option (the live view's faster input); None keeps the release's
+        path exactly."""
+        if input_hw is None:
+            return self.network_hw
+        from ..inputs.network import check_input_hw
+
+        hw = check_input_hw(input_hw)
+        if self.fixed_input and hw != tuple(self.network_hw):
+            trained = "x".join(str(v) for v in self.network_hw)
+            raise OptionError(
+                f"The {self.task} model runs only at its trained input {trained}; got input_hw {hw}."
+            )
+        return hw
 
     def _prepare(self, image: ImageSource | Intake) -> Intake:
         """Image intake shared by every task (raises InputImageError on unusable input)."""

@@ -81,9 +81,10 @@ class MattingPipeline(Pipeline):
     def __call__(self, image: Any) -> MattingResult:
         return self.run_stages(image)
 
-    def prepare(self, intake: Intake, **_: Any) -> DensePrep:
-        """transformers' input (the only published one for matting): antialiased bilinear, uint8."""
-        return DensePrep(stretch_antialiased(intake.work, self.network_hw))
+    def prepare(self, intake: Intake, *, input_hw: Any = None, **_: Any) -> DensePrep:
+        """transformers' input (the only published one for matting): antialiased bilinear, uint8.
+        ``input_hw``: another network input (:meth:`~sapiens2.tasks.base.Pipeline.input_size`)."""
+        return DensePrep(stretch_antialiased(intake.work, self.input_size(input_hw)))
 
     def infer(self, batch: list[DensePrep], **_: Any) -> list[MattingRaw]:
         raws = [MattingRaw() for _ in batch]

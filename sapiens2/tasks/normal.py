@@ -95,8 +95,10 @@ class NormalPipeline(SegMaskedPipeline):
         every pixel is kept."""
         return self.run_stages(image, remove_background=remove_background)
 
-    def prepare(self, intake: Intake, *, remove_background: bool = False, **_: Any) -> DensePrep:
-        return self.prepare_dense(intake, remove_background)
+    def prepare(
+        self, intake: Intake, *, remove_background: bool = False, input_hw: Any = None, **_: Any
+    ) -> DensePrep:
+        return self.prepare_dense(intake, remove_background, input_hw)
 
     def infer(self, batch: list[DensePrep], **_: Any) -> list[NormalRaw]:
         raws = [NormalRaw() for _ in batch]

@@ -155,6 +155,7 @@ class PointmapPipeline(SegMaskedPipeline):
     """
 
     task = "pointmap"
+    fixed_input = True
     seg_fallback = "Foreground = every finite, positive depth."
 
     @property
@@ -168,8 +169,10 @@ class PointmapPipeline(SegMaskedPipeline):
         every pixel with a finite, positive depth."""
         return self.run_stages(image, use_segmentation=use_segmentation)
 
-    def prepare(self, intake: Intake, *, use_segmentation: bool = True, **_: Any) -> DensePrep:
-        return self.prepare_dense(intake, use_segmentation)
+    def prepare(
+        self, intake: Intake, *, use_segmentation: bool = True, input_hw: Any = None, **_: Any
+    ) -> DensePrep:
+        return self.prepare_dense(intake, use_segmentation, input_hw)
 
     def infer(self, batch: list[DensePrep], **_: Any) -> list[PointmapRaw]:
         raws = [PointmapRaw(pad=p.pad) for p in batch]

@@ -123,16 +123,19 @@ class PosePipeline(Pipeline):
 
     def prepare(
         self, intake: Intake, *, boxes: Any = None, flip_test: bool | None = None, keypoints_3d: bool = False,
-        **_: Any,
+        input_hw: Any = None, **_: Any,
     ) -> PosePrep:  # fmt: skip
         """The device step's input: caller boxes checked and clipped (OptionError when unusable),
         and the uint8 pixels the device step needs (see :class:`PosePrep`); with ``keypoints_3d``
-        the pointmap's own prep too."""
-        prep = self._prepare_pose(intake, boxes, flip_test)
+        the pointmap's own prep too. ``input_hw``: another crop size than the checkpoint's
+        (:meth:`~sapiens2.tasks.base.Pipeline.input_size`)."""
+        prep = self._prepare_pose(intake, boxes, flip_test, self.input_size(input_hw))
         prep.pointmap = pose_3d.prepare(self.pointmap, intake, prep.notices) if keypoints_3d else None
         return prep
 
-    def _prepare_pose(self, intake: Intake, boxes: Any, flip_test: bool | None) -> PosePrep:
+    def _prepare_pose(
+        self, intake: Intake, boxes: Any, flip_test: bool | None, hw: tuple[int, int]
+    ) -> PosePrep:
         from ..inputs.detector import detect_people
 
         self._flip_test(flip_test)
@@ -142,25 +145,26 @@ class PosePipeline(Pipeline):
         notices = list(getattr(boxes, "notices", []))
         # a Detections works too; detect_people checks the shape and clips to the image
         found = detect_people(work, boxes=intake.boxes_to_work(getattr(boxes, "boxes", boxes)))
-        in_h, in_w = self.network_hw
-        if len(found.boxes) * in_h * in_w * 3 >= work.nbytes:
+        if len(found.boxes) * hw[0] * hw[1] * 3 >= work.nbytes:
             return PosePrep(work, found.boxes, notices=notices)
-        crops, _ = warp_crops(work, found.boxes, out_hw=self.network_hw)
+        crops, _ = warp_crops(work, found.boxes, out_hw=hw)
         return PosePrep(None, found.boxes, crops, notices)
 
     def infer(
         self, batch: list[PosePrep], *, flip_test: bool | None = None, score_threshold: float = 0.3,
-        max_people: int = 20, **_: Any,
+        max_people: int = 20, input_hw: Any = None, **_: Any,
     ) -> list[PoseRaw]:  # fmt: skip
         """Detection where a prep has no boxes, then ONE forward for all crops of all preps (and
-        their mirrors with ``flip_test``), decoded on the device; keypoints in working-copy px."""
+        their mirrors with ``flip_test``), decoded on the device; keypoints in working-copy px.
+        ``input_hw``: the crop size ``prepare`` was given."""
         flip = self._flip_test(flip_test)
+        hw = self.input_size(input_hw)
         info = self.run_info()
         found = [self._people(p, score_threshold, max_people) for p in batch]
-        crops = [self._crops(p, d.boxes) for p, d in zip(batch, found, strict=True)]
+        crops = [self._crops(p, d.boxes, hw) for p, d in zip(batch, found, strict=True)]
         if not crops:
             return []
-        kp, scores, bad = self._keypoints(torch.cat([x for x, _ in crops]), info, flip)
+        kp, scores, bad = self._keypoints(torch.cat([x for x, _ in crops]), info, flip, hw)
         share = replace(info, model_s=info.model_s / len(batch))  # one forward for the batch
         in_3d = pose_3d.infer(self.pointmap, [p.pointmap for p in batch])
         raws, start = [], 0
@@ -184,11 +188,12 @@ class PosePipeline(Pipeline):
             keypoints_3d=pose_3d.finish(self.pointmap, raw.pointmap, intake, keypoints, boxes, notices),
         )  # fmt: skip
 
-    def _crops(self, prep: PosePrep, boxes: np.ndarray) -> tuple[torch.Tensor, CropInfo]:
-        """Normalised crops on the device and their geometry (crops made in prepare, or here)."""
+    def _crops(self, prep: PosePrep, boxes: np.ndarray, hw: tuple[int, int]) -> tuple[torch.Tensor, CropInfo]:
+        """Normalised ``hw`` crops on the device and their geometry (made in prepare, or here)."""
         if prep.crops is None:
-            return crop_people(prep.image, boxes, device=self.device, dtype=self.dtype,
-                               out_hw=self.network_hw)  # fmt: skip
+            return crop_people(prep.image, boxes, device=self.device, dtype=self.dtype, out_hw=hw)
+        if tuple(prep.crops.shape[1:3]) != tuple(hw):
+            raise OptionError(f"Pose crops of {prep.crops.shape[1:3]} were prepared; infer was given {hw}.")
         return crops_to_device(prep.crops, boxes, self.device, self.dtype)
 
     def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
@@ -206,12 +211,12 @@ class PosePipeline(Pipeline):
                              max_people=max_people, device=self.device)  # fmt: skip
 
     def _keypoints(
-        self, x: torch.Tensor, info: RunInfo, flip: bool
+        self, x: torch.Tensor, info: RunInfo, flip: bool, hw: tuple[int, int]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One forward of the N crops (and their mirrors with ``flip_test``), decoded on the
-        device (:func:`~sapiens2.ops.pose_codec.decode_crops`)."""
+        device (:func:`~sapiens2.ops.pose_codec.decode_crops`) into ``hw`` crop pixels."""
         heatmaps = self.timed_forward(info, torch.cat([x, x.flip(-1)]) if flip else x).heatmaps
-        return decode_crops(heatmaps, flip, self.network_hw)
+        return decode_crops(heatmaps, flip, hw)
 
 
 def _raw(

@@ -146,13 +146,14 @@ class SegPipeline(Pipeline):
         or ``"detect"`` to run the person detector (``sapiens2.inputs.detector.detect_people``)."""
         return self.run_stages(image, boxes=boxes)
 
-    def prepare(self, intake: Intake, *, boxes: Any = None, **_: Any) -> DensePrep:
+    def prepare(self, intake: Intake, *, boxes: Any = None, input_hw: Any = None, **_: Any) -> DensePrep:
         """The release's stretch to the network input (INTER_AREA shrinking, INTER_CUBIC
-        enlarging), uint8; the detector's photo only when ``boxes="detect"``."""
+        enlarging), uint8; the detector's photo only when ``boxes="detect"``. ``input_hw``:
+        another network input (:meth:`~sapiens2.tasks.base.Pipeline.input_size`)."""
         if not _check_boxes(boxes) and boxes is not None:
             _as_boxes(boxes)  # a bad box fails here, before any device time
         photo = intake.work if isinstance(boxes, str) else None
-        return DensePrep(stretch_release(intake.work, self.network_hw), photo=photo)
+        return DensePrep(stretch_release(intake.work, self.input_size(input_hw)), photo=photo)
 
     def seg_logits(self, images: list[np.ndarray], raws: list[DenseRaw]) -> list[SegLogits]:
         """Compact logits (on the CPU) of prepared inputs; device time and notices go to ``raws``."""

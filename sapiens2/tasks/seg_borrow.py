@@ -97,12 +97,13 @@ class SegMaskedPipeline(Pipeline):
             )
             return None
 
-    def prepare_dense(self, intake: Intake, with_seg: bool) -> DensePrep:
-        """Letterboxed uint8 input (the release's rule) and, when asked, the seg model's input."""
-        pixels, pad = letterbox_release(intake.work, self.network_hw)
+    def prepare_dense(self, intake: Intake, with_seg: bool, input_hw: Any = None) -> DensePrep:
+        """Letterboxed uint8 input (the release's rule) and, when asked, the seg model's input;
+        ``input_hw``: another network input for both (:meth:`Pipeline.input_size`)."""
+        pixels, pad = letterbox_release(intake.work, self.input_size(input_hw))
         prep = DensePrep(pixels, pad)
         if with_seg and (pipe := self._seg_pipe(prep.notices)) is not None:
-            prep.seg = stretch_release(intake.work, pipe.network_hw)
+            prep.seg = stretch_release(intake.work, pipe.input_size(input_hw))
         return prep
 
     def infer_seg(self, batch: list[DensePrep], raws: list[Any]) -> None:

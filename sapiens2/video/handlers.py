@@ -14,16 +14,13 @@ Rendering reuses :mod:`sapiens2.outputs.render` and the results' own ``render``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from ..errors import OptionError
 from ..outputs.export import safe_path
-from ..outputs.render import draw_pose, pose_style
 from ..tasks import registry
 from ..tasks.registry import Task
 from .depth import foreground_depth, global_depth_bounds, render_depth_frame
@@ -41,8 +38,7 @@ from .exports import (
     write_pose_tracks,
     write_wholebody_tracks,
 )
-from .smoothing import KeypointSmoother
-from .tracking import IoUTracker
+from .people import FramePeople, PoseTracking, TrackingOptions, draw_people
 
 MAX_NOTICES = 8
 Detect = Callable[[np.ndarray], Any]  # rgb -> sapiens2.inputs.detector.Detections (or anything with .boxes)
@@ -240,57 +236,6 @@ def people_mask(result: Any) -> np.ndarray | None:
     return mask if int(mask.sum()) < int(valid.sum()) else None
 
 
-@dataclass(frozen=True)
-class TrackingOptions:
-    """Pose over time. ``detect_every``: run the person detector on every K-th PROCESSED frame
-    (1 = every frame); boxes are carried by the tracker in between. See
-    :mod:`sapiens2.video.tracking` and :mod:`sapiens2.video.smoothing` for the others."""
-
-    detect_every: int = 5
-    iou_threshold: float = 0.3
-    max_lost: int = 30
-    follow_keypoints: bool = True
-    smoothing: bool = True
-    min_cutoff: float = 1.0
-    beta: float = 0.05
-    d_cutoff: float = 1.0
-
-    def __post_init__(self) -> None:
-        k = self.detect_every
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1000:
-            raise OptionError(f"detect_every must be a whole number from 1 to 1000, got {k!r}.")
-
-
-def clip_boxes(boxes: np.ndarray, w: int, h: int, min_side: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
-    """(P, 4) boxes clipped to the frame and (P,) bool: still at least ``min_side`` px each way."""
-    b = np.asarray(boxes, np.float64).reshape(-1, 4).copy()
-    b[:, 0::2] = b[:, 0::2].clip(0, w)
-    b[:, 1::2] = b[:, 1::2].clip(0, h)
-    return b, ((b[:, 2] - b[:, 0]) >= min_side) & ((b[:, 3] - b[:, 1]) >= min_side)
-
-
-def label_tracks(canvas: np.ndarray, boxes: np.ndarray, track_ids: list[int]) -> np.ndarray:
-    """``#id`` written at each box's top-left corner (white on black, sized like the skeleton)."""
-    thickness, _ = pose_style(*canvas.shape[:2])
-    scale = 0.4 * thickness
-    for (x1, y1, _, _), tid in zip(np.nan_to_num(boxes).astype(int), track_ids, strict=True):
-        text = f"#{tid}"
-        (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, thickness)
-        y = max(th + base, y1)
-        cv2.rectangle(canvas, (x1, y - th - base), (x1 + tw, y), (0, 0, 0), -1)
-        cv2.putText(
-            canvas,
-            text,
-            (x1, y - base),
-            cv2.FONT_HERSHEY_SIMPLEX,
-            scale,
-            (255, 255, 255),
-            thickness,
-            cv2.LINE_AA,
-        )
-    return canvas
-
-
 class PoseFrames(FrameHandler):
     """Keypoints with tracks (``handler="tracks"``): the task's detection hook every K frames,
     tracker between, One-Euro on each track."""
@@ -330,20 +275,13 @@ class PoseFrames(FrameHandler):
         super().__init__({**opts, **render_options}, raw_cap)
         self.tracking, self.detect, self.detect_many = tracking, detect, detect_many
         self._detected: dict[int, Any] = {}  # k -> detections fetched for the batch
-        self.tracker = IoUTracker(
-            iou_threshold=tracking.iou_threshold, max_lost=tracking.max_lost,
-            follow_keypoints=tracking.follow_keypoints, point_threshold=self.render_options["threshold"],
-        )  # fmt: skip
-        self.smoother = KeypointSmoother(
-            enabled=tracking.smoothing, min_cutoff=tracking.min_cutoff, beta=tracking.beta,
-            d_cutoff=tracking.d_cutoff, score_threshold=self.render_options["threshold"],
-        )  # fmt: skip
+        self.people = PoseTracking(tracking, self.render_options["threshold"])
         self.frames: list[PoseFrame] = []
-        self._pending: dict[int, tuple[list[int], np.ndarray, np.ndarray]] = {}
+        self._pending: dict[int, FramePeople] = {}
 
     def prefetch(self, frames: list[tuple[int, np.ndarray]]) -> None:
         """With ``detect_many``: the batch's detection frames in one call (one GPU call)."""
-        todo = [(k, rgb) for k, rgb in frames if k % self.tracking.detect_every == 0]
+        todo = [(k, rgb) for k, rgb in frames if self.people.detects(k)]
         if self.detect_many is None or not todo:
             return
         found = list(self.detect_many([rgb for _, rgb in todo]))
@@ -352,46 +290,36 @@ class PoseFrames(FrameHandler):
         self._detected.update((k, f) for (k, _), f in zip(todo, found, strict=True))
 
     def options_for(self, k: int, rgb: np.ndarray) -> dict[str, Any] | None:
-        if k % self.tracking.detect_every == 0:
+        found = None
+        if self.people.detects(k):
             found = self._detected.pop(k) if k in self._detected else self.detect(rgb)
             for n in getattr(found, "notices", []):
                 self.note(n)
-            boxes = np.asarray(found.boxes, np.float64).reshape(-1, 4)
-            ids = self.tracker.update(k, boxes)
-            box_scores = np.asarray(getattr(found, "scores", np.ones(len(boxes))), np.float32).reshape(-1)
-        else:  # carried: nobody scored these boxes on this frame
-            ids, boxes = self.tracker.carry()
-            box_scores = np.full(len(ids), np.nan, np.float32)
-        boxes, keep = clip_boxes(boxes, rgb.shape[1], rgb.shape[0])
-        ids = [i for i, ok in zip(ids, keep, strict=True) if ok]
-        self._pending[k] = (ids, boxes[keep], box_scores[keep])
-        return {"boxes": boxes[keep].astype(np.float32)} if ids else None
+        people = self._pending[k] = self.people.people(k, rgb, found)
+        return people.pose_options()
 
     def consume(self, k: int, frame: int, time_s: float, rgb: np.ndarray, result: Any) -> np.ndarray | None:
-        ids, boxes, box_scores = self._pending.pop(k)
+        people = self._pending.pop(k)
         raw = (
             np.zeros((0, 308, 2), np.float32) if result is None else np.asarray(result.keypoints, np.float32)
         )
         scores = np.zeros((0, 308), np.float32) if result is None else np.asarray(result.scores, np.float32)
-        if len(raw) != len(ids):
-            raise OptionError(f"The pose pipeline returned {len(raw)} people for {len(ids)} boxes.")
         for n in getattr(result, "notices", []):
             self.note(n)
-        smooth = np.array(
-            [self.smoother(time_s, t, raw[p], scores[p]) for p, t in enumerate(ids)], np.float32
-        )
-        smooth = smooth.reshape(raw.shape)
-        for p, t in enumerate(ids):
-            self.tracker.observe(t, raw[p], scores[p])
+        smooth = self.people.follow(time_s, people, raw, scores)
         self.frames.append(
-            PoseFrame(frame, time_s, ids, boxes.astype(np.float32), box_scores, smooth, raw, scores)
+            PoseFrame(
+                frame,
+                time_s,
+                people.ids,
+                people.boxes.astype(np.float32),
+                people.box_scores,
+                smooth,
+                raw,
+                scores,
+            )
         )
-        o = self.render_options
-        canvas = draw_pose(
-            rgb, smooth, scores, threshold=o["threshold"], show_face=o["show_face"],
-            body_only=o["body_only"], boxes=boxes if o["show_boxes"] else None,
-        )  # fmt: skip
-        return label_tracks(canvas, boxes, ids) if o["show_ids"] else canvas
+        return draw_people(rgb, people, smooth, scores, self.render_options)
 
     def exports(self, out_dir: Path, name: str, *, fps: float, size: tuple[int, int]) -> list[Path]:
         thr = float(self.render_options["threshold"])
@@ -416,7 +344,7 @@ class PoseFrames(FrameHandler):
 
     def summary(self) -> dict[str, Any]:
         return {
-            "tracks": self.tracker.ids_issued,
+            "tracks": self.people.ids_issued,
             "people_max": max([len(f.track_ids) for f in self.frames] or [0]),
         }
 

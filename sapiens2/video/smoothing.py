@@ -105,6 +105,12 @@ class KeypointSmoother:
         self.score_threshold = float(score_threshold)
         self._filters: dict[int, OneEuroFilter] = {}
 
+    def keep(self, track_ids: set[int]) -> None:
+        """Forget the filters of every other track (ids are never reused: a retired track's
+        filter would only hold memory for as long as the stream runs)."""
+        for tid in [t for t in self._filters if t not in track_ids]:
+            del self._filters[tid]
+
     def __call__(self, t: float, track_id: int, keypoints: np.ndarray, scores: np.ndarray) -> np.ndarray:
         """(K, 2) keypoints of one person at time ``t`` (s), smoothed along their track."""
         if not self.enabled:

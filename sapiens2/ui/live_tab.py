@@ -1,0 +1,291 @@
+"""The Live tab: the visitor's webcam through a task, frame after frame (``sapiens2.serving.live``).
+
+Gradio's own webcam streaming carries the frames: ``gr.Image(sources=["webcam"], streaming=True)``
+and its ``.stream`` event, one queue job per stream. How a slow handler meets incoming frames
+(gradio 6.31, read in its source): the page posts a frame every ``stream_every`` seconds to
+``/gradio_api/stream/{event_id}`` whether or not the last one is done (measured in headless
+Chromium: 32 posts against 9 handler calls with a 0.6 s handler); the route stores it as the
+event's ONLY pending input (``event.data = body``, replacing any frame not yet taken) and wakes
+the job; the job calls the handler with the newest data once the previous call has returned
+(``queueing.py``: ``wait_for_batch``, then ``call_process_api``). So the server never holds more
+than one waiting frame per session, whatever the model's speed. The page stops sending when the
+visitor stops the camera or closes the tab (``/stream/{event_id}/close``, or the SSE stream
+dropping ends the event); the frame in hand is finished and nothing more runs. ``time_limit``
+ends a stream after :data:`LIVE_SECONDS`; ``concurrency_limit`` lets :data:`LIVE_STREAMS` run at
+once (others wait in the queue).
+
+Frames Gradio replaced are counted by :class:`StreamPosts`, an ASGI middleware the app installs at
+launch (``app.launch``): it counts each event's posts and keeps the arrival time of the latest.
+The handler learns its event's id at the stream's first frame (Gradio's context,
+``LocalContext.event_id``, is set for the call made from the join request; the frames posted
+after it carry no id, and the ``gr.Request`` a handler is given is the join request's for every
+frame): the posts counted less the frames taken were dropped, and the latest arrival starts the
+latency clock. Without the middleware the readout says drops are
+not counted and latency starts when the handler does.
+
+On ZeroGPU the tab is a notice instead (docs/LIVE.md: one admission per frame would cost at least
+a second of quota each; measured admission cost and the choice).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import gradio as gr
+from gradio.context import LocalContext
+
+from ..errors import Sapiens2Error
+from ..serving.live import INPUTS, LIVE_SIZE, LiveOptions, LiveSession, cpu_seconds_per_frame, input_label
+from ..tasks.registry import Task
+from ..zerogpu import zero_gpu_enabled
+from .handlers import Runner, reported
+from .inputs import data_url_bytes, photo_input
+from .video_tab import _task_name, default_task, task_choices
+from .widgets import checked_by_package, size_dropdown
+
+#: Seconds between two frames the page sends (the most it sends: 20 a second).
+STREAM_EVERY = 0.05
+#: Seconds one stream may run; press the camera's button again to go on.
+LIVE_SECONDS = 60
+#: Streams that run at once on this server (one GPU serves one viewer at full speed).
+LIVE_STREAMS = 1
+#: What the camera asks the browser for: 640x480 is plenty for the network's input.
+CAMERA = {"video": {"width": {"ideal": 640}, "height": {"ideal": 480}}}
+ZERO_GPU_NOTICE = (
+    "**Live needs a dedicated GPU.** On ZeroGPU every GPU call is an admission billed in whole "
+    "seconds of your daily quota, so a stream of frames would spend the quota in seconds. Run the "
+    "app on your own GPU (`python app.py`, see docs/LIVE.md) or duplicate this Space on dedicated "
+    "GPU hardware; the photo tabs and Video work here."
+)
+
+
+# ----------------------------------------------------------------------------- the post counter
+
+_EVENT = re.compile(r"/stream/([0-9a-fA-F]{8,64})/?$")
+#: how many streams' post counts are kept (each a few bytes; the oldest go first)
+_KEEP_EVENTS = 4096
+
+
+class StreamPosts:
+    """ASGI middleware: counts the frames posted to each streaming event and keeps when the
+    latest arrived (``time.perf_counter()``); :meth:`latest` reads them."""
+
+    posts: OrderedDict[str, tuple[int, float]] = OrderedDict()
+    lock = threading.Lock()
+    installed = False  # set once an app runs with it
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        StreamPosts.installed = True
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") == "http" and scope.get("method") == "POST":
+            found = _EVENT.search(scope.get("path") or "")
+            if found is not None:
+                self.arrived(found.group(1), time.perf_counter())
+        await self.app(scope, receive, send)
+
+    @classmethod
+    def arrived(cls, event: str, at: float) -> None:
+        with cls.lock:
+            n, _ = cls.posts.pop(event, (0, 0.0))
+            cls.posts[event] = (n + 1, at)
+            while len(cls.posts) > _KEEP_EVENTS:
+                cls.posts.popitem(last=False)
+
+    @classmethod
+    def latest(cls, event: str | None) -> tuple[int, float | None]:
+        """(frames posted to ``event`` so far, arrival of the latest or None)."""
+        with cls.lock:
+            n, at = cls.posts.get(event or "", (0, 0.0))
+        return n, at if n else None
+
+
+def middleware() -> Any:
+    """The post counter as one entry of the served app's middlewares (``app.app_kwargs``)."""
+    from starlette.middleware import Middleware
+
+    return Middleware(StreamPosts)
+
+
+# ----------------------------------------------------------------------------- the stream
+
+
+class Viewer:
+    """One page's live state (a ``gr.State``): its session, its stream, the frames it took from
+    the stream's posts and the drops counted so far."""
+
+    def __init__(self, session: LiveSession) -> None:
+        self.session = session
+        self.event: str | None = None
+        self.taken = 0  # frames taken from posts (the join's frame is not a post)
+        self.counted = 0  # drops reported so far
+
+    def dropped(self, event: str | None) -> tuple[int, float]:
+        """Change in the frames dropped since the previous frame, and when this one arrived.
+        ``event``: Gradio's event id, set for the call that starts a stream (its frame came with
+        the join request) and None for the frames posted after it (their bodies carry no id).
+
+        Drops so far = posts counted - frames taken. A post that lands between Gradio taking a
+        frame and this count is counted one frame early (it is still pending); the next frame
+        takes it back, so the change can be -1 and the total is exact."""
+        now = time.perf_counter()
+        if event is not None and event != self.event:  # a new stream
+            self.event, self.taken, self.counted = event, 0, 0
+            return 0, now
+        posts, at = StreamPosts.latest(self.event)
+        self.taken += 1
+        total = max(0, posts - self.taken)
+        change, self.counted = total - self.counted, total
+        return change, at if at is not None else now
+
+
+def camera_input() -> gr.Image:
+    """The webcam, streaming. It takes a data URL's bytes only (what the page sends), so the
+    package reads the frame with its own checks (size, pixels); any path a caller names is
+    refused before anything opens it."""
+    camera = gr.Image(
+        sources=["webcam"], streaming=True, type="numpy", label="Camera", elem_id="live-camera",
+        webcam_options=gr.WebcamOptions(mirror=False, constraints=CAMERA), height=320,
+    )  # fmt: skip
+
+    def preprocess(payload: Any) -> Any:
+        if payload is None:
+            return None
+        url = str(getattr(payload, "url", "") or "")
+        if not url.startswith("data:"):
+            raise gr.Error("Live takes camera frames as data URLs only.", title="Image problem")
+        return data_url_bytes(url)
+
+    camera.preprocess = preprocess  # type: ignore[method-assign]
+    return camera
+
+
+def live_frame(run: Runner) -> Callable[..., tuple[Any, str, Viewer]]:
+    """The stream handler: one frame in, the rendering, the readout and the viewer state out.
+    Its units of device work go through the app's GPU entry, like every request's."""
+    manager, tasks = run.manager, run.manager.video_tasks()
+
+    def live(
+        frame: Any,
+        task: str,
+        size: str | None,
+        network_input: str,
+        flip_test: bool,
+        background_color: str | None,
+        background_image: Any,
+        viewer: Viewer | None,
+    ) -> tuple[Any, str, Viewer]:
+        viewer = viewer if isinstance(viewer, Viewer) else Viewer(LiveSession(manager, run.requests.device))
+        if frame is None:
+            return gr.skip(), "Waiting for the camera.", viewer
+        dropped, arrived = viewer.dropped(LocalContext.event_id.get(None))
+        with reported(manager):
+            options = LiveOptions(
+                tasks[_task_name(task, tasks)], size or None, network_input, False if flip_test is None else flip_test,
+                {"background_color": background_color, "background_image": background_image},
+            )  # fmt: skip
+            out = viewer.session.step(frame, options, captured_at=arrived, dropped=dropped)
+        readout = out.readout
+        if not StreamPosts.installed:
+            readout += " (dropped frames are not counted: the app runs without its post counter)"
+        return out.image, readout, viewer
+
+    return live
+
+
+def expectation(run: Runner, task: str, size: str | None, network_input: str) -> str:
+    """What to expect before starting: on a CPU, seconds a frame from the model's size."""
+    tasks = run.manager.video_tasks()
+    try:
+        decl = tasks[_task_name(task, tasks)]
+        chosen = size or (LIVE_SIZE if LIVE_SIZE in run.manager.sizes(decl) else None)
+        size = run.manager.resolve_size(decl, chosen)
+    except Sapiens2Error as err:  # a bad choice says so here; the stream reports it too
+        return f"Cannot run this choice: {err}"
+    where = f"this server's GPU ({run.manager.device})" if run.manager.cuda else "this CPU"
+    label = run.manager.key(decl, size)[1]  # "custom" for a --checkpoint model
+    head = f"**{decl.tab} {label}**, input {input_label(network_input)}, on {where}."
+    if run.manager.cuda:
+        return f"{head} The readout shows the frames/s and latency measured on it."
+    hw = None if getattr(decl.pipeline, "fixed_input", False) else INPUTS.get(network_input)
+    seconds = cpu_seconds_per_frame(decl, label, hw)
+    if seconds is None:
+        return (
+            f"{head} No estimate for this model (not a published size): the readout shows the measured rate."
+        )
+    return (
+        f"{head} A CPU is slow for live video: expect about **{seconds:.0f} s a frame** (from the "
+        "model's size at a rate measured on a 2-core machine; more cores are faster). The smallest "
+        "input is the fastest; the readout shows the measured rate."
+    )
+
+
+def _live_size(run: Runner, task: Task) -> str:
+    """The size a task starts at: :data:`LIVE_SIZE` where offered, else the task's default."""
+    return LIVE_SIZE if LIVE_SIZE in run.manager.sizes(task) else run.manager.default_size(task)
+
+
+def live_tab(run: Runner) -> None:
+    """The Live tab (a notice on ZeroGPU): camera, task, size, input, flip test and background on
+    the left; the rendering and the readout on the right."""
+    with gr.Tab("Live", id="live", elem_id="live-tab"):
+        if zero_gpu_enabled():
+            gr.Markdown(ZERO_GPU_NOTICE, elem_id="live-notice")
+            return
+        tasks = run.manager.video_tasks()
+        first = default_task(tasks)
+        with gr.Row():
+            with gr.Column(scale=1):
+                camera = camera_input()
+                task = checked_by_package(gr.Radio(task_choices(tasks), value=first, label="Task"))
+                chosen = _live_size(run, tasks[first])
+                size = size_dropdown(run.manager.sizes(tasks[first]), chosen)
+                network_input = checked_by_package(
+                    gr.Radio([(input_label(k), k) for k in INPUTS], value="release", label="Network input")
+                )
+                flip = gr.Checkbox(False, label="Flip test (pose: twice the forwards, a bit more accurate)")
+                with gr.Accordion("Virtual background (matting)", open=False):
+                    color = gr.ColorPicker("#00b140", label="Background colour")
+                    picture = photo_input(label="Background picture (instead of the colour)",
+                                          sources=["upload", "clipboard"], height=140)  # fmt: skip
+                expect = gr.Markdown(expectation(run, first, chosen, "release"), elem_id="live-expect")
+            with gr.Column(scale=2):
+                result = gr.Image(
+                    label="Live result", elem_id="live-result", format="jpeg", interactive=False
+                )
+                readout = gr.Textbox(label="Readout", elem_id="live-readout", interactive=False, max_lines=2)
+        viewer = gr.State(None)
+
+    def sizes(task_value: str) -> Any:
+        chosen = tasks[_task_name(task_value, tasks)]
+        return gr.Dropdown(choices=list(run.manager.sizes(chosen)), value=_live_size(run, chosen))
+
+    task.change(sizes, inputs=task, outputs=size, api_visibility="private")
+    gr.on(
+        [task.change, size.change, network_input.change],
+        lambda t, s, i: expectation(run, t, s, i),
+        inputs=[task, size, network_input],
+        outputs=expect,
+        api_visibility="private",
+    )
+    camera.stream(
+        live_frame(run),
+        inputs=[camera, task, size, network_input, flip, color, picture, viewer],
+        outputs=[result, readout, viewer],
+        stream_every=STREAM_EVERY,
+        time_limit=LIVE_SECONDS,
+        concurrency_limit=LIVE_STREAMS,
+        concurrency_id="live",
+        show_progress="hidden",
+        api_name="live",
+        api_visibility="private",  # a browser's stream, not an API call (raw REST reaches it all the same)
+    )
+
+
+__all__ = ["LIVE_SECONDS", "STREAM_EVERY", "StreamPosts", "live_tab", "middleware"]
