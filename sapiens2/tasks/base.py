@@ -97,6 +97,9 @@ class Pipeline:
     input_hw: tuple[int, int] | None = None
     #: long-side limit of the working copy (see sapiens2.inputs.intake.load_image); settable per instance
     max_side: int = DEFAULT_MAX_SIDE
+    #: inputs per forward inside ``infer``; None = from the model's size and the device's free
+    #: memory (:func:`sapiens2.models.forward_memory.items_per_forward`); settable per instance
+    forward_items: int | None = None
     #: the constructor's keywords besides the model's, with their defaults (pose: ``detector``;
     #: the tasks that borrow the segmentation: ``seg``), handed to :meth:`attach`
     parts: ClassVar[Mapping[str, Any]] = {}
@@ -137,6 +140,13 @@ class Pipeline:
     def network_hw(self) -> tuple[int, int]:
         """The (H, W) the model is fed: ``input_hw`` or the checkpoint's own input size."""
         return tuple(self.input_hw or self.spec.input_size(self.size or ""))
+
+    def forward_chunk(self) -> int:
+        """How many inputs one forward of this pipeline's model takes now (a bounded forward:
+        docs/DESIGN.md); ``infer`` runs a longer batch as several forwards of at most this many."""
+        from ..models.forward_memory import items_per_forward
+
+        return items_per_forward(self.model, self.network_hw, self.device, self.dtype, self.forward_items)
 
     def _prepare(self, image: ImageSource | Intake) -> Intake:
         """Image intake shared by every task (raises InputImageError on unusable input)."""

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..data.metadata import NUM_KEYPOINTS
 from ..errors import OptionError
 from ..inputs.intake import ImageSource, Intake
 from ..models.cost import Work
 from ..models.zoo import get_task
 from ..ops.pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
-from ..ops.pose_crops import CropInfo, apply_affine, crop_people, crops_to_device, warp_crops
+from ..ops.pose_crops import CropInfo, apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
 from . import pose_3d
 from .base import Pipeline, RunInfo
 from .options import Option
@@ -152,22 +153,22 @@ class PosePipeline(Pipeline):
         self, batch: list[PosePrep], *, flip_test: bool | None = None, score_threshold: float = 0.3,
         max_people: int = 20, **_: Any,
     ) -> list[PoseRaw]:  # fmt: skip
-        """Detection where a prep has no boxes, then ONE forward for all crops of all preps (and
-        their mirrors with ``flip_test``), decoded on the device; keypoints in working-copy px."""
+        """Detection where a prep has no boxes, then the crops of all preps (and their mirrors with
+        ``flip_test``) in as few forwards as the device's memory allows (one unless the batch is
+        crowded: :meth:`_all_keypoints`), decoded on the device; keypoints in working-copy px."""
         flip = self._flip_test(flip_test)
         info = self.run_info()
         found = [self._people(p, score_threshold, max_people) for p in batch]
-        crops = [self._crops(p, d.boxes) for p, d in zip(batch, found, strict=True)]
-        if not crops:
+        if not batch:
             return []
-        kp, scores, bad = self._keypoints(torch.cat([x for x, _ in crops]), info, flip)
-        share = replace(info, model_s=info.model_s / len(batch))  # one forward for the batch
+        kp, scores, bad = self._all_keypoints(batch, found, info, flip)
+        share = replace(info, model_s=info.model_s / len(batch))  # the batch's forwards, shared
         in_3d = pose_3d.infer(self.pointmap, [p.pointmap for p in batch])
         raws, start = [], 0
-        for prep, det, (x, geom), pm in zip(batch, found, crops, in_3d, strict=True):
-            people = slice(start, start + x.shape[0])
+        for prep, det, pm in zip(batch, found, in_3d, strict=True):
+            people = slice(start, start + len(det.boxes))
             start = people.stop
-            kp_work = apply_affine(kp[people], geom.inverse).astype(np.float32)
+            kp_work = apply_affine(kp[people], self._geometry(prep, det.boxes).inverse).astype(np.float32)
             bad_maps = int(bad[people].sum())
             raws.append(_raw(prep, det, kp_work, scores[people], bad_maps, flip, replace(share), pm))
         return raws
@@ -184,12 +185,38 @@ class PosePipeline(Pipeline):
             keypoints_3d=pose_3d.finish(self.pointmap, raw.pointmap, intake, keypoints, boxes, notices),
         )  # fmt: skip
 
-    def _crops(self, prep: PosePrep, boxes: np.ndarray) -> tuple[torch.Tensor, CropInfo]:
-        """Normalised crops on the device and their geometry (crops made in prepare, or here)."""
+    def _crops(
+        self, prep: PosePrep, boxes: np.ndarray, people: slice = slice(None)
+    ) -> tuple[torch.Tensor, CropInfo]:
+        """Normalised crops on the device and their geometry (crops made in prepare, or here), of
+        the ``people`` among ``boxes`` (each crop is its box's alone, so a slice is exact)."""
         if prep.crops is None:
-            return crop_people(prep.image, boxes, device=self.device, dtype=self.dtype,
+            return crop_people(prep.image, boxes[people], device=self.device, dtype=self.dtype,
                                out_hw=self.network_hw)  # fmt: skip
-        return crops_to_device(prep.crops, boxes, self.device, self.dtype)
+        return crops_to_device(prep.crops[people], boxes[people], self.device, self.dtype)
+
+    def _geometry(self, prep: PosePrep, boxes: np.ndarray) -> CropInfo:
+        """The crops' geometry of all ``boxes`` (as :meth:`_crops` makes it, without the pixels)."""
+        return crop_geometry(boxes, self.network_hw if prep.crops is None else prep.crops.shape[1:3])
+
+    def _all_keypoints(
+        self, batch: list[PosePrep], found: list[Detections], info: RunInfo, flip: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every person of the batch, in prep order, through forwards of at most
+        ``forward_chunk()`` inputs (a crop and its mirror are two), made crop by crop as each
+        forward needs them: a crowded batch holds one chunk's crops and heatmaps, never all."""
+        counts = [len(d.boxes) for d in found]
+        step = max(1, self.forward_chunk() // (2 if flip else 1))
+        parts = []
+        for lo in range(0, sum(counts), step):
+            x = torch.cat([self._crops(batch[i], found[i].boxes, people)[0]
+                           for i, people in _spans(counts, lo, lo + step)])  # fmt: skip
+            parts.append(self._keypoints(x, info, flip))
+        if not parts:
+            empty = np.zeros((0, NUM_KEYPOINTS), np.float32)
+            return np.zeros((0, NUM_KEYPOINTS, 2), np.float32), empty, np.zeros(0, np.int64)
+        kp, scores, bad = zip(*parts, strict=True)
+        return np.concatenate(kp), np.concatenate(scores), np.concatenate(bad)
 
     def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
         from ..inputs.detector import Detections
@@ -212,6 +239,18 @@ class PosePipeline(Pipeline):
         device (:func:`~sapiens2.ops.pose_codec.decode_crops`)."""
         heatmaps = self.timed_forward(info, torch.cat([x, x.flip(-1)]) if flip else x).heatmaps
         return decode_crops(heatmaps, flip, self.network_hw)
+
+
+def _spans(counts: list[int], lo: int, hi: int) -> list[tuple[int, slice]]:
+    """The people ``lo``..``hi`` of the batch (counted across preps of ``counts`` people each) as
+    (prep index, its people) pieces."""
+    spans, start = [], 0
+    for i, n in enumerate(counts):
+        a, b = max(lo, start), min(hi, start + n)
+        if a < b:
+            spans.append((i, slice(a - start, b - start)))
+        start += n
+    return spans
 
 
 def _raw(
