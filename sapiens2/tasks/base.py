@@ -116,9 +116,7 @@ class Pipeline:
     ) -> None:
         from ..models.loading import load_model
 
-        unknown = sorted(set(parts) - set(self.parts))
-        if unknown:
-            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}")
+        self._check_parts(parts)
         self.spec: TaskSpec = get_task(self.task)
         if model is None:
             model = load_model(self.task, size, checkpoint=checkpoint, device=device, dtype=dtype)
@@ -130,6 +128,34 @@ class Pipeline:
 
             configure_cpu_threads()  # once per process; only ever lowers an oversubscribed count
         self.attach(**{**self.parts, **parts})
+
+    @classmethod
+    def without_weights(
+        cls,
+        size: str | None,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        input_hw: tuple[int, int] | None = None,
+        **parts: Any,
+    ) -> Any:
+        """This pipeline's weight-free stages: ``prepare`` and ``finish`` as the pipeline with a
+        ``size`` model on ``device`` in ``dtype`` runs them, with no model built or loaded (a
+        worker that only prepares and finishes, ``sapiens2.batch``). ``infer`` raises. ``parts``:
+        as the constructor's (a borrowed model is another pipeline ``without_weights``)."""
+        pipe = cls.__new__(cls)
+        pipe._check_parts(parts)
+        pipe.spec, pipe.model, pipe.size = get_task(cls.task), None, size
+        pipe.device, pipe.dtype = torch.device(device), dtype
+        if input_hw is not None:
+            pipe.input_hw = tuple(input_hw)
+        pipe.attach(**{**cls.parts, **parts})
+        return pipe
+
+    def _check_parts(self, parts: Mapping[str, Any]) -> None:
+        unknown = sorted(set(parts) - set(self.parts))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}")
 
     def attach(self, **parts: Any) -> None:
         """Keep the constructor's extra :attr:`parts` (by default as attributes of the same names)."""
@@ -157,6 +183,10 @@ class Pipeline:
 
     def timed_forward(self, info: RunInfo, pixel_values: torch.Tensor) -> Any:
         """One model forward, its time added to ``info.model_s`` (synchronised on CUDA)."""
+        if self.model is None:
+            raise RuntimeError(
+                f"This {type(self).__name__} was made without weights: it prepares and finishes only."
+            )
         cuda = self.device.type == "cuda"
         if cuda:  # queued preprocessing kernels must not be billed to the model
             torch.cuda.synchronize(self.device)

@@ -26,6 +26,7 @@ from ..models.cost import Work
 from ..models.zoo import get_task
 from ..ops.pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
 from ..ops.pose_crops import CropInfo, apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
+from . import options as opts
 from . import pose_3d
 from .base import Pipeline, RunInfo
 from .options import Option
@@ -43,8 +44,9 @@ class PosePrep:
     """One photo's input to the device step (small and picklable: uint8 pixels, no model data).
 
     Without boxes: the working copy, and the device step runs the detector. With ``boxes``
-    (P, 4, working-copy pixels): the release's uint8 person crops made here when they are
-    smaller than the working copy (a large photo), else the working copy.
+    (P, 4, working-copy pixels: the caller's, or the whole photo's when the pipeline has no
+    detector): the release's uint8 person crops made here when they are smaller than the working
+    copy (a large photo), else the working copy.
     """
 
     image: np.ndarray | None  # (h, w, 3) uint8 working copy
@@ -52,6 +54,7 @@ class PosePrep:
     crops: np.ndarray | None = None  # (P, H, W, 3) uint8 at the network input size
     notices: list[str] = field(default_factory=list)
     pointmap: Any = None  # the borrowed pointmap's prep (keypoints_3d)
+    found: Detections | None = None  # people found in prepare (no detector: the whole photo)
 
 
 @dataclass
@@ -115,9 +118,10 @@ class PosePipeline(Pipeline):
                                max_people=max_people, keypoints_3d=keypoints_3d)  # fmt: skip
 
     def _flip_test(self, flip_test: bool | None) -> bool:
-        """``flip_test`` checked; None becomes the device's default (on for CUDA)."""
+        """``flip_test`` checked; None becomes the declaration's default for the device (on for
+        CUDA), as a batch plan resolves it (``Task.resolve``)."""
         if flip_test is None:
-            return self.device.type == "cuda"
+            return bool(opts.default(OPTIONS, "flip_test", gpu=self.device.type == "cuda"))
         if not isinstance(flip_test, bool):
             raise OptionError(f"flip_test must be True or False; got {flip_test!r}.")
         return flip_test
@@ -138,16 +142,24 @@ class PosePipeline(Pipeline):
 
         self._flip_test(flip_test)
         work = intake.work
-        if boxes is None:
-            return PosePrep(work)
+        if boxes is None and self.detector is not None:
+            return PosePrep(work)  # the device step detects: it needs the photo
+        if boxes is None:  # no detector: the whole photo is the box, known here
+            whole = detect_people(work, detector=None)
+            return self._cropped(PosePrep(work, whole.boxes, found=whole))
         notices = list(getattr(boxes, "notices", []))
         # a Detections works too; detect_people checks the shape and clips to the image
         found = detect_people(work, boxes=intake.boxes_to_work(getattr(boxes, "boxes", boxes)))
+        return self._cropped(PosePrep(work, found.boxes, notices=notices))
+
+    def _cropped(self, prep: PosePrep) -> PosePrep:
+        """``prep`` with the release's uint8 person crops instead of the working copy, when they
+        are the smaller (the network input, not the photo, goes to the device step)."""
         in_h, in_w = self.network_hw
-        if len(found.boxes) * in_h * in_w * 3 >= work.nbytes:
-            return PosePrep(work, found.boxes, notices=notices)
-        crops, _ = warp_crops(work, found.boxes, out_hw=self.network_hw)
-        return PosePrep(None, found.boxes, crops, notices)
+        if len(prep.boxes) * in_h * in_w * 3 >= prep.image.nbytes:
+            return prep
+        crops, _ = warp_crops(prep.image, prep.boxes, out_hw=self.network_hw)
+        return replace(prep, image=None, crops=crops)
 
     def infer(
         self, batch: list[PosePrep], *, flip_test: bool | None = None, score_threshold: float = 0.3,
@@ -221,6 +233,8 @@ class PosePipeline(Pipeline):
     def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
         from ..inputs.detector import Detections
 
+        if prep.found is not None:
+            return prep.found
         if prep.boxes is not None:
             return Detections(prep.boxes, np.ones(len(prep.boxes), np.float32), "caller", len(prep.boxes))
         return self.detect(prep.image, score_threshold=score_threshold, max_people=max_people)
