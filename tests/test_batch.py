@@ -120,6 +120,14 @@ def test_inputs_folder_glob_lists_uris_and_a_filesystem(tmp_path):
     assert np.array_equal(got.rgb, np.asarray(Image.open(b)))
 
 
+def test_one_list_of_image_extensions():
+    from sapiens2.cli import tasks as cli_tasks
+    from sapiens2.inputs import intake
+
+    assert sources.IMAGE_EXTENSIONS is intake.IMAGE_EXTENSIONS is cli_tasks.IMAGE_EXTENSIONS
+    assert {".jpg", ".png", ".heic"} <= intake.IMAGE_EXTENSIONS and ".mp4" not in intake.IMAGE_EXTENSIONS
+
+
 def test_inputs_through_fsspec_memory_uris():
     import fsspec
 
