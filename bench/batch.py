@@ -13,7 +13,7 @@ its start-up is part of what is measured). Per run:
 * bytes per photo passed between the steps (Ray: the pickled items, as they travel).
 
 Then, apart from the runs, the bytes of one photo's prep and raw per task next to the working copy
-and the network input (what round 2 should bring pose's down to). Tiny checkpoints
+and the network input (pose's prep is the person crop when the box is known in prepare). Tiny checkpoints
 (``tests/tiny_checkpoints.py``) at ``--network-size``; pose uses the whole photo as its box.
 
     python bench/batch.py                                   # pose, 200 photos, 3 repetitions (~10 min here)
@@ -81,7 +81,9 @@ def steady(commits: list[tuple[float, int]]) -> tuple[float, float]:
     if len(commits) < 2:
         return float("nan"), float("nan")
     (t0, n0), (t1, n1) = commits[0], commits[-1]
-    rate = (n1 - n0) / (t1 - t0) if t1 > t0 else float("nan")
+    if t1 <= t0 or n1 <= n0:  # a tiny run: every part committed at once, no rate to see
+        return float("nan"), float("nan")
+    rate = (n1 - n0) / (t1 - t0)
     return rate, t0 - n0 / rate
 
 

@@ -120,6 +120,14 @@ def test_inputs_folder_glob_lists_uris_and_a_filesystem(tmp_path):
     assert np.array_equal(got.rgb, np.asarray(Image.open(b)))
 
 
+def test_one_list_of_image_extensions():
+    from sapiens2.cli import tasks as cli_tasks
+    from sapiens2.inputs import intake
+
+    assert sources.IMAGE_EXTENSIONS is intake.IMAGE_EXTENSIONS is cli_tasks.IMAGE_EXTENSIONS
+    assert {".jpg", ".png", ".heic"} <= intake.IMAGE_EXTENSIONS and ".mp4" not in intake.IMAGE_EXTENSIONS
+
+
 def test_inputs_through_fsspec_memory_uris():
     import fsspec
 
@@ -228,7 +236,8 @@ def test_dense_and_feature_records_match_the_library(tiny_checkpoints, tmp_path)
 
 
 def test_the_cpu_stages_never_load_weights(tiny_checkpoints, tmp_path, monkeypatch):
-    from sapiens2.batch.stages import NoWeights
+    from sapiens2.batch.stages import Geometry, TaskStages
+    from sapiens2.inputs.intake import load_image
     from sapiens2.models import loading
 
     loads: list[str] = []
@@ -240,8 +249,56 @@ def test_the_cpu_stages_never_load_weights(tiny_checkpoints, tmp_path, monkeypat
     job = job_for(("pose", "seg"), tiny_checkpoints, tmp_path / "out")
     assert batch.run(job, str(tmp_path / "in"), progress=False).errors == {"pose": 0, "seg": 0}
     assert sorted(loads) == ["pose", "seg"]  # the forward's models, once each; prepare/finish none
-    with pytest.raises(RuntimeError, match="only the forward step"):
-        NoWeights("0.4b")(None)
+    # the CPU stages alone: no model object is built, and what they make is the forward's input
+    plan = next(p for p in job.plans if p.task.name == "pose")
+    cpu, device = TaskStages(plan), TaskStages(plan)
+    device.load("cpu", "float32")
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a CPU stage loaded weights"))
+    intake = load_image(photo(tmp_path / "one.png", seed=3))
+    prep = cpu.prepare(intake)
+    assert cpu.cpu_pipeline().model is None and cpu._device is None
+    [raw] = device.forward([prep])
+    row = cpu.finish(raw, Geometry.of(intake), "one.png")
+    assert row["error"] is None and np.asarray(row["keypoints"]).shape[1:] == (308, 2)
+    with pytest.raises(RuntimeError, match="without weights"):
+        cpu.cpu_pipeline().infer([prep], **plan.options)
+
+
+def test_weight_free_stages_are_the_pipelines_and_options_resolve_once(tiny_checkpoints, tmp_path):
+    import pickle
+
+    from sapiens2.batch.stages import Geometry, TaskStages
+    from sapiens2.inputs.intake import load_image
+    from sapiens2.tasks.pose import PosePipeline
+
+    rng = np.random.default_rng(5)
+    intake = load_image((rng.random((480, 640, 3)) * 255).astype(np.uint8))
+    job = job_for(("pose", "normal"), tiny_checkpoints, tmp_path / "out", pose_kwargs={"detector": None})
+    for plan in job.plans:
+        lib = plan.task.pipeline(checkpoint=tiny_checkpoints[plan.task.name], device="cpu",
+                                 **plan.pipeline_kwargs)  # fmt: skip
+        lib.input_hw = HW
+        cpu = TaskStages(plan)
+        prep, lib_prep = cpu.prepare(intake), lib.prepare(intake, **plan.options)
+        assert pickle.dumps(prep) == pickle.dumps(lib_prep)  # the same network input
+        [raw] = lib.infer([prep], **plan.options)
+        row = cpu.finish(raw, Geometry.of(intake), "x.png")
+        lib_row = records.result_row(plan.task, "x.png", lib.finish(raw, intake, **plan.options))
+        assert row.keys() == lib_row.keys() and row["error"] is None
+        for key, value in row.items():
+            assert np.array_equal(np.asarray(value), np.asarray(lib_row[key])), key
+        if plan.task.name == "pose":  # no detector: the crop travels, not the 640x480 working copy
+            assert prep.image is None and prep.crops.shape == (1, *HW, 3)
+            assert len(pickle.dumps(prep)) < HW[0] * HW[1] * 3 + 4096 < intake.work.nbytes
+    # flip test's default: the declaration's for the device, in a plan and in a pipeline alike
+    pose = registry.get("pose")
+    for gpu, device in ((False, "cpu"), (True, "cuda")):
+        planned = pose.resolve({"threshold": 0.5}, gpu=gpu)  # rendering options are not the plan's
+        assert set(planned) == {o.name for o in pose.options if o.stage == "infer"}
+        assert planned["flip_test"] is gpu
+        assert PosePipeline.without_weights("0.4b", device=device)._flip_test(None) is gpu
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sed'"):
+        PosePipeline.without_weights("0.4b", sed=None)
 
 
 def test_rerun_skips_done_sources_refuses_other_settings_and_ignores_temp_files(tiny_checkpoints, tmp_path):

@@ -140,8 +140,7 @@ def task_plan(
     OptionError / CheckpointError on anything unusable."""
     if task.name not in RECORDS:
         raise OptionError(f"{task.name} has no batch record; batch runs: {', '.join(RECORDS)}.")
-    known = {o.name for o in task.options if o.stage == "infer"}
-    infer, _ = task.split({k: v for k, v in (values or {}).items() if k in known}, gpu=gpu, where=where)
+    infer = task.resolve(values or {}, gpu=gpu, where=where)
     ckpts = dict(checkpoints or {})
     model = model_plan(task, size, ckpts.get(task.name), gpu)
     borrowed = []

@@ -34,14 +34,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import InputImageError, OptionError
-from ..inputs.intake import DEFAULT_MAX_SIDE, Intake, load_image
+from ..inputs.intake import DEFAULT_MAX_SIDE, IMAGE_EXTENSIONS, Intake, load_image
 from ..inputs.limits import MAX_FILE_BYTES
 from ..outputs.export import file_stem
 
-#: Image files a folder or a glob yields (the per-task command's list, less the clips).
-IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".jfif", ".heic", ".heif", ".avif"}
-)
 LIST_EXTENSIONS = frozenset({".txt", ".lst"})
 PARQUET_EXTENSIONS = frozenset({".parquet", ".pq"})
 #: Columns a Parquet list may name its sources in, in order of preference.

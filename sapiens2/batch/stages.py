@@ -1,13 +1,13 @@
-"""THE adapter between the batch engines and today's task pipelines: per task, ``prepare(intake)
+"""THE adapter between the batch engines and the task pipelines: per task, ``prepare(intake)
 -> prep`` (CPU), ``forward(preps) -> raws`` (the device, weights loaded once), ``finish(raw,
 geometry, source) -> row`` (CPU). The engines know nothing else of the tasks.
 
-Round 1 (this file): the CPU stages run the task's own ``prepare`` and ``finish`` on a pipeline
-built around :class:`NoWeights`, a stand-in module that holds no weights (prepare and finish read
-only the model's size, device and dtype; calling it raises), so a CPU worker never loads a model.
-``finish`` gets the photo's geometry, not the photo: :meth:`Geometry.intake` is an ``Intake`` whose
-pixels are a broadcast zero (no memory), since finish reads only sizes, scales and notices from it.
-Round 2 swaps in the tasks' weight-free stages here, and nowhere else.
+The CPU stages are the tasks' own weight-free stages: ``Pipeline.without_weights`` (the task's
+``prepare`` and ``finish`` with its size, network size and parts, and no model built or loaded),
+so a CPU worker never holds a model. Options come resolved in the plan (``job.task_plan``: the
+declaration's defaults for the device the forward runs on), the same mapping on both sides.
+``finish`` gets the photo's geometry, not the photo: :meth:`Geometry.intake` is an ``Intake``
+whose pixels are a broadcast zero (no memory), since finish reads only sizes, scales and notices.
 """
 
 from __future__ import annotations
@@ -22,20 +22,6 @@ from ..inputs.intake import Intake
 from ..tasks.registry import Task
 from .job import ModelPlan, TaskPlan
 from .records import result_row
-
-
-class NoWeights(torch.nn.Module):
-    """Stands in for a model where only its size, device and dtype are read (the CPU stages)."""
-
-    def __init__(self, size: str | None, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.size = size
-        self.anchor = torch.nn.Parameter(torch.empty(0, device="meta", dtype=dtype), requires_grad=False)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            "The batch CPU stages called a model; only the forward step may (round-1 adapter)."
-        )
 
 
 @dataclass(frozen=True)
@@ -94,7 +80,7 @@ class TaskStages:
         return pipe
 
     def _shell(self, model: ModelPlan, **kwargs: Any) -> Any:
-        return self._sized(model.task.pipeline(model.size, model=NoWeights(model.size), **kwargs))
+        return model.task.pipeline.without_weights(model.size, input_hw=self.plan.network_hw, **kwargs)
 
     def cpu_pipeline(self) -> Any:
         """The task's pipeline without weights (built once)."""

@@ -20,13 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OptionError, Sapiens2Error
+from ..inputs.intake import IMAGE_EXTENSIONS
 from ..models.checkpoints import Checkpoints
 from ..tasks import registry
 from ..tasks.options import Option
 
-IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".jfif", ".heic", ".heif", ".avif"}
-)
 VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".webm", ".mkv"})
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # fmt: skip

@@ -35,6 +35,11 @@ from .limits import MAX_FILE_BYTES, MAX_REDUCED_PIXELS
 #: Longest side (px) of the copy used for inference; larger images are downscaled for inference
 #: and every result is mapped back to the original size.
 DEFAULT_MAX_SIDE = 4096
+#: File name endings of the photos a folder or a glob yields (the CLI's folders, ``sapiens2 batch``'s
+#: INPUT): the formats this intake reads (Pillow, with HEIF/AVIF through their plugins).
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".jfif", ".heic", ".heif", ".avif"}
+)
 
 _JPEG_REDUCTIONS = (2, 4, 8)  # the scales libjpeg decodes to directly (1/2, 1/4, 1/8)
 

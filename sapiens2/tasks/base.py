@@ -100,6 +100,9 @@ class Pipeline:
     fixed_input: ClassVar[bool] = False
     #: long-side limit of the working copy (see sapiens2.inputs.intake.load_image); settable per instance
     max_side: int = DEFAULT_MAX_SIDE
+    #: inputs per forward inside ``infer``; None = from the model's size and the device's free
+    #: memory (:func:`sapiens2.models.forward_memory.items_per_forward`); settable per instance
+    forward_items: int | None = None
     #: the constructor's keywords besides the model's, with their defaults (pose: ``detector``;
     #: the tasks that borrow the segmentation: ``seg``), handed to :meth:`attach`
     parts: ClassVar[Mapping[str, Any]] = {}
@@ -116,9 +119,7 @@ class Pipeline:
     ) -> None:
         from ..models.loading import load_model
 
-        unknown = sorted(set(parts) - set(self.parts))
-        if unknown:
-            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}")
+        self._check_parts(parts)
         self.spec: TaskSpec = get_task(self.task)
         if model is None:
             model = load_model(self.task, size, checkpoint=checkpoint, device=device, dtype=dtype)
@@ -130,6 +131,34 @@ class Pipeline:
 
             configure_cpu_threads()  # once per process; only ever lowers an oversubscribed count
         self.attach(**{**self.parts, **parts})
+
+    @classmethod
+    def without_weights(
+        cls,
+        size: str | None,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        input_hw: tuple[int, int] | None = None,
+        **parts: Any,
+    ) -> Any:
+        """This pipeline's weight-free stages: ``prepare`` and ``finish`` as the pipeline with a
+        ``size`` model on ``device`` in ``dtype`` runs them, with no model built or loaded (a
+        worker that only prepares and finishes, ``sapiens2.batch``). ``infer`` raises. ``parts``:
+        as the constructor's (a borrowed model is another pipeline ``without_weights``)."""
+        pipe = cls.__new__(cls)
+        pipe._check_parts(parts)
+        pipe.spec, pipe.model, pipe.size = get_task(cls.task), None, size
+        pipe.device, pipe.dtype = torch.device(device), dtype
+        if input_hw is not None:
+            pipe.input_hw = tuple(input_hw)
+        pipe.attach(**{**cls.parts, **parts})
+        return pipe
+
+    def _check_parts(self, parts: Mapping[str, Any]) -> None:
+        unknown = sorted(set(parts) - set(self.parts))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}")
 
     def attach(self, **parts: Any) -> None:
         """Keep the constructor's extra :attr:`parts` (by default as attributes of the same names)."""
@@ -158,6 +187,15 @@ class Pipeline:
             )
         return hw
 
+    def forward_chunk(self, input_hw: tuple[int, int] | None = None) -> int:
+        """How many inputs one forward of this pipeline's model takes now, at the call's network
+        input (a bounded forward: docs/DESIGN.md); ``infer`` runs a longer batch as several
+        forwards of at most this many."""
+        from ..models.forward_memory import items_per_forward
+
+        hw = self.network_hw if input_hw is None else tuple(input_hw)
+        return items_per_forward(self.model, hw, self.device, self.dtype, self.forward_items)
+
     def _prepare(self, image: ImageSource | Intake) -> Intake:
         """Image intake shared by every task (raises InputImageError on unusable input)."""
         return load_image(image, max_side=self.max_side)
@@ -167,6 +205,10 @@ class Pipeline:
 
     def timed_forward(self, info: RunInfo, pixel_values: torch.Tensor) -> Any:
         """One model forward, its time added to ``info.model_s`` (synchronised on CUDA)."""
+        if self.model is None:
+            raise RuntimeError(
+                f"This {type(self).__name__} was made without weights: it prepares and finishes only."
+            )
         cuda = self.device.type == "cuda"
         if cuda:  # queued preprocessing kernels must not be billed to the model
             torch.cuda.synchronize(self.device)

@@ -4,7 +4,8 @@
   uint8 (h, w, 3) array (2.4 MB at 1024x768; the float tensor would be 9.4 MB), plus the
   letterbox geometry.
 * ``infer`` (device; on ZeroGPU its arguments and return value are pickled across a process
-  boundary): normalise, one forward per chunk of inputs, and return network-resolution float32
+  boundary): normalise, one forward per chunk of inputs (``pipe.forward_chunk()``: as many as the
+  device's free memory holds), and return network-resolution float32
   outputs (letterbox padding already cut off, which is exact) -- never photo-sized arrays.
 * ``finish`` (server, CPU): every resize, blur, normalisation and argmax back to the photo.
 
@@ -23,10 +24,6 @@ import torch
 from ..inputs.intake import Intake
 from ..inputs.network import PadInfo, network_batch
 from .base import Pipeline, RunInfo
-
-#: Inputs per forward inside one ``infer`` (a video batch of 32 frames runs as 4 forwards), so the
-#: activations of one forward stay bounded whatever batch a caller hands in.
-FORWARD_CHUNK = 8
 
 
 @dataclass
@@ -64,14 +61,16 @@ class DensePrep:
 def chunked_forward(
     pipe: Pipeline, images: list[np.ndarray], timings: list[Timing]
 ) -> Iterator[tuple[int, Any]]:
-    """Run ``pipe.model`` over prepared uint8 inputs (all one size), ``FORWARD_CHUNK`` at a time:
-    yields (index of the chunk's first item, model output), so the caller reduces each chunk's
-    outputs before the next forward; adds each item's share of the time to ``timings``."""
-    for a in range(0, len(images), FORWARD_CHUNK):
-        part = images[a : a + FORWARD_CHUNK]
+    """Run ``pipe.model`` over prepared uint8 inputs (all one size), ``pipe.forward_chunk()`` at a
+    time: yields (index of the chunk's first item, model output), so the caller reduces each
+    chunk's outputs before the next forward (only one chunk's outputs live on the device); adds
+    each item's share of the time to ``timings``."""
+    step = pipe.forward_chunk(images[0].shape[:2]) if images else 1  # at the inputs' own size
+    for a in range(0, len(images), step):
+        part = images[a : a + step]
         info = pipe.run_info()
         out = pipe.timed_forward(info, network_batch(part, pipe.device, pipe.dtype))
-        for t in timings[a : a + FORWARD_CHUNK]:
+        for t in timings[a : a + step]:
             t.add(info, len(part))
         yield a, out
 

@@ -77,7 +77,7 @@ class FeaturesPipeline(Pipeline):
 
     Stages: :meth:`prepare` resizes to the network input on the CPU (``cv2.INTER_LINEAR`` on
     uint8, as the release's feature-extraction demo), :meth:`infer` normalises on the device and
-    runs one forward for every photo of the batch, :meth:`finish` converts to float32 and checks
+    runs one forward for the batch's photos (several when the device's memory holds fewer), :meth:`finish` converts to float32 and checks
     the values.
     """
 
@@ -96,12 +96,19 @@ class FeaturesPipeline(Pipeline):
     def infer(self, batch: list[FeaturesPrep], **_: Any) -> list[FeaturesRaw]:
         if not batch:
             return []
-        info = self.run_info()
-        pixels = network_input.network_batch([p.pixels for p in batch], self.device, self.dtype)
-        out = self.timed_forward(info, pixels)
-        share = replace(info, model_s=info.model_s / len(batch))  # one forward, shared
-        emb, patches = out.cls_embedding.cpu(), out.patch_features.cpu()
-        return [FeaturesRaw(emb[i].clone(), patches[i].clone(), replace(share)) for i in range(len(batch))]
+        raws: list[FeaturesRaw] = []
+        step = self.forward_chunk()  # a bounded forward: chunks of what the device's memory holds
+        for a in range(0, len(batch), step):
+            part = batch[a : a + step]
+            info = self.run_info()
+            pixels = network_input.network_batch([p.pixels for p in part], self.device, self.dtype)
+            out = self.timed_forward(info, pixels)
+            share = replace(info, model_s=info.model_s / len(part))  # one forward, shared
+            emb, patches = out.cls_embedding.cpu(), out.patch_features.cpu()
+            raws += [
+                FeaturesRaw(emb[i].clone(), patches[i].clone(), replace(share)) for i in range(len(part))
+            ]
+        return raws
 
     def finish(self, raw: FeaturesRaw, intake: Intake, **_: Any) -> FeaturesResult:
         emb, patches = raw.embedding.float(), raw.patch_features.float()

@@ -117,6 +117,26 @@ def _number(where: str, opt: Option, value: Any) -> float | int:
     return num
 
 
+def default(options: Iterable[Option], name: str, gpu: bool = False) -> Any:
+    """The declared default of option ``name`` for the device (``gpu_default`` on a GPU): what a
+    pipeline uses for an option it is given as None, so a call and a plan agree."""
+    return next(o for o in options if o.name == name).default_for(gpu)
+
+
+def resolve(
+    task: str,
+    options: tuple[Option, ...],
+    values: Mapping[str, Any],
+    gpu: bool = False,
+    where: Callable[[Option], str] | None = None,
+) -> dict[str, Any]:
+    """THE resolution of a run's inference options, once, before any stage: ``values``' inference
+    options (rendering ones are ignored) checked, every default filled in for the device the
+    forward runs on. Both sides of a split run (CPU prepare/finish, device forward) get the result."""
+    names = {o.name for o in options if o.stage == "infer"}
+    return split(task, options, {k: v for k, v in values.items() if k in names}, gpu, where)[0]
+
+
 def split(
     task: str,
     options: tuple[Option, ...],
@@ -148,4 +168,4 @@ def split(
     return infer, render
 
 
-__all__ = ["Kind", "Option", "Stage", "check", "split"]
+__all__ = ["Kind", "Option", "Stage", "check", "default", "resolve", "split"]

@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..data.metadata import NUM_KEYPOINTS
 from ..errors import OptionError
 from ..inputs.intake import ImageSource, Intake
 from ..models.cost import Work
 from ..models.zoo import get_task
 from ..ops.pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
-from ..ops.pose_crops import CropInfo, apply_affine, crop_people, crops_to_device, warp_crops
+from ..ops.pose_crops import CropInfo, apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
+from . import options as opts
 from . import pose_3d
 from .base import Pipeline, RunInfo
 from .options import Option
@@ -42,8 +44,9 @@ class PosePrep:
     """One photo's input to the device step (small and picklable: uint8 pixels, no model data).
 
     Without boxes: the working copy, and the device step runs the detector. With ``boxes``
-    (P, 4, working-copy pixels): the release's uint8 person crops made here when they are
-    smaller than the working copy (a large photo), else the working copy.
+    (P, 4, working-copy pixels: the caller's, or the whole photo's when the pipeline has no
+    detector): the release's uint8 person crops made here when they are smaller than the working
+    copy (a large photo), else the working copy.
     """
 
     image: np.ndarray | None  # (h, w, 3) uint8 working copy
@@ -51,6 +54,7 @@ class PosePrep:
     crops: np.ndarray | None = None  # (P, H, W, 3) uint8 at the network input size
     notices: list[str] = field(default_factory=list)
     pointmap: Any = None  # the borrowed pointmap's prep (keypoints_3d)
+    found: Detections | None = None  # people found in prepare (no detector: the whole photo)
 
 
 @dataclass
@@ -114,9 +118,10 @@ class PosePipeline(Pipeline):
                                max_people=max_people, keypoints_3d=keypoints_3d)  # fmt: skip
 
     def _flip_test(self, flip_test: bool | None) -> bool:
-        """``flip_test`` checked; None becomes the device's default (on for CUDA)."""
+        """``flip_test`` checked; None becomes the declaration's default for the device (on for
+        CUDA), as a batch plan resolves it (``Task.resolve``)."""
         if flip_test is None:
-            return self.device.type == "cuda"
+            return bool(opts.default(OPTIONS, "flip_test", gpu=self.device.type == "cuda"))
         if not isinstance(flip_test, bool):
             raise OptionError(f"flip_test must be True or False; got {flip_test!r}.")
         return flip_test
@@ -140,38 +145,46 @@ class PosePipeline(Pipeline):
 
         self._flip_test(flip_test)
         work = intake.work
-        if boxes is None:
-            return PosePrep(work)
+        if boxes is None and self.detector is not None:
+            return PosePrep(work)  # the device step detects: it needs the photo
+        if boxes is None:  # no detector: the whole photo is the box, known here
+            whole = detect_people(work, detector=None)
+            return self._cropped(PosePrep(work, whole.boxes, found=whole), hw)
         notices = list(getattr(boxes, "notices", []))
         # a Detections works too; detect_people checks the shape and clips to the image
         found = detect_people(work, boxes=intake.boxes_to_work(getattr(boxes, "boxes", boxes)))
-        if len(found.boxes) * hw[0] * hw[1] * 3 >= work.nbytes:
-            return PosePrep(work, found.boxes, notices=notices)
-        crops, _ = warp_crops(work, found.boxes, out_hw=hw)
-        return PosePrep(None, found.boxes, crops, notices)
+        return self._cropped(PosePrep(work, found.boxes, notices=notices), hw)
+
+    def _cropped(self, prep: PosePrep, hw: tuple[int, int]) -> PosePrep:
+        """``prep`` with the release's uint8 ``hw`` person crops instead of the working copy, when
+        they are the smaller (the network input, not the photo, goes to the device step)."""
+        if len(prep.boxes) * hw[0] * hw[1] * 3 >= prep.image.nbytes:
+            return prep
+        crops, _ = warp_crops(prep.image, prep.boxes, out_hw=hw)
+        return replace(prep, image=None, crops=crops)
 
     def infer(
         self, batch: list[PosePrep], *, flip_test: bool | None = None, score_threshold: float = 0.3,
         max_people: int = 20, input_hw: Any = None, **_: Any,
     ) -> list[PoseRaw]:  # fmt: skip
-        """Detection where a prep has no boxes, then ONE forward for all crops of all preps (and
-        their mirrors with ``flip_test``), decoded on the device; keypoints in working-copy px.
+        """Detection where a prep has no boxes, then the crops of all preps (and their mirrors with
+        ``flip_test``) in as few forwards as the device's memory allows (one unless the batch is
+        crowded: :meth:`_all_keypoints`), decoded on the device; keypoints in working-copy px.
         ``input_hw``: the crop size ``prepare`` was given."""
         flip = self._flip_test(flip_test)
         hw = self.input_size(input_hw)
         info = self.run_info()
         found = [self._people(p, score_threshold, max_people) for p in batch]
-        crops = [self._crops(p, d.boxes, hw) for p, d in zip(batch, found, strict=True)]
-        if not crops:
+        if not batch:
             return []
-        kp, scores, bad = self._keypoints(torch.cat([x for x, _ in crops]), info, flip, hw)
-        share = replace(info, model_s=info.model_s / len(batch))  # one forward for the batch
+        kp, scores, bad = self._all_keypoints(batch, found, info, flip, hw)
+        share = replace(info, model_s=info.model_s / len(batch))  # the batch's forwards, shared
         in_3d = pose_3d.infer(self.pointmap, [p.pointmap for p in batch])
         raws, start = [], 0
-        for prep, det, (x, geom), pm in zip(batch, found, crops, in_3d, strict=True):
-            people = slice(start, start + x.shape[0])
+        for prep, det, pm in zip(batch, found, in_3d, strict=True):
+            people = slice(start, start + len(det.boxes))
             start = people.stop
-            kp_work = apply_affine(kp[people], geom.inverse).astype(np.float32)
+            kp_work = apply_affine(kp[people], self._geometry(prep, det.boxes, hw).inverse).astype(np.float32)
             bad_maps = int(bad[people].sum())
             raws.append(_raw(prep, det, kp_work, scores[people], bad_maps, flip, replace(share), pm))
         return raws
@@ -188,17 +201,45 @@ class PosePipeline(Pipeline):
             keypoints_3d=pose_3d.finish(self.pointmap, raw.pointmap, intake, keypoints, boxes, notices),
         )  # fmt: skip
 
-    def _crops(self, prep: PosePrep, boxes: np.ndarray, hw: tuple[int, int]) -> tuple[torch.Tensor, CropInfo]:
-        """Normalised ``hw`` crops on the device and their geometry (made in prepare, or here)."""
+    def _crops(
+        self, prep: PosePrep, boxes: np.ndarray, hw: tuple[int, int], people: slice = slice(None)
+    ) -> tuple[torch.Tensor, CropInfo]:
+        """Normalised ``hw`` crops on the device and their geometry (crops made in prepare, or
+        here), of the ``people`` among ``boxes`` (each crop is its box's alone, so a slice is exact)."""
         if prep.crops is None:
-            return crop_people(prep.image, boxes, device=self.device, dtype=self.dtype, out_hw=hw)
+            return crop_people(prep.image, boxes[people], device=self.device, dtype=self.dtype, out_hw=hw)
         if tuple(prep.crops.shape[1:3]) != tuple(hw):
             raise OptionError(f"Pose crops of {prep.crops.shape[1:3]} were prepared; infer was given {hw}.")
-        return crops_to_device(prep.crops, boxes, self.device, self.dtype)
+        return crops_to_device(prep.crops[people], boxes[people], self.device, self.dtype)
+
+    def _geometry(self, prep: PosePrep, boxes: np.ndarray, hw: tuple[int, int]) -> CropInfo:
+        """The crops' geometry of all ``boxes`` (as :meth:`_crops` makes it, without the pixels)."""
+        return crop_geometry(boxes, hw if prep.crops is None else prep.crops.shape[1:3])
+
+    def _all_keypoints(
+        self, batch: list[PosePrep], found: list[Detections], info: RunInfo, flip: bool, hw: tuple[int, int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every person of the batch, in prep order, through forwards of at most
+        ``forward_chunk()`` inputs (a crop and its mirror are two), made crop by crop as each
+        forward needs them: a crowded batch holds one chunk's crops and heatmaps, never all."""
+        counts = [len(d.boxes) for d in found]
+        step = max(1, self.forward_chunk(hw) // (2 if flip else 1))
+        parts = []
+        for lo in range(0, sum(counts), step):
+            x = torch.cat([self._crops(batch[i], found[i].boxes, hw, people)[0]
+                           for i, people in _spans(counts, lo, lo + step)])  # fmt: skip
+            parts.append(self._keypoints(x, info, flip, hw))
+        if not parts:
+            empty = np.zeros((0, NUM_KEYPOINTS), np.float32)
+            return np.zeros((0, NUM_KEYPOINTS, 2), np.float32), empty, np.zeros(0, np.int64)
+        kp, scores, bad = zip(*parts, strict=True)
+        return np.concatenate(kp), np.concatenate(scores), np.concatenate(bad)
 
     def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
         from ..inputs.detector import Detections
 
+        if prep.found is not None:
+            return prep.found
         if prep.boxes is not None:
             return Detections(prep.boxes, np.ones(len(prep.boxes), np.float32), "caller", len(prep.boxes))
         return self.detect(prep.image, score_threshold=score_threshold, max_people=max_people)
@@ -217,6 +258,18 @@ class PosePipeline(Pipeline):
         device (:func:`~sapiens2.ops.pose_codec.decode_crops`) into ``hw`` crop pixels."""
         heatmaps = self.timed_forward(info, torch.cat([x, x.flip(-1)]) if flip else x).heatmaps
         return decode_crops(heatmaps, flip, hw)
+
+
+def _spans(counts: list[int], lo: int, hi: int) -> list[tuple[int, slice]]:
+    """The people ``lo``..``hi`` of the batch (counted across preps of ``counts`` people each) as
+    (prep index, its people) pieces."""
+    spans, start = [], 0
+    for i, n in enumerate(counts):
+        a, b = max(lo, start), min(hi, start + n)
+        if a < b:
+            spans.append((i, slice(a - start, b - start)))
+        start += n
+    return spans
 
 
 def _raw(

@@ -201,6 +201,13 @@ class Task:
         """Validated (inference options, rendering options), defaults filled in (see options.split)."""
         return opts.split(self.name, self.options, values, gpu, where)
 
+    def resolve(
+        self, values: Mapping[str, Any], gpu: bool = False, where: Callable[[opts.Option], str] | None = None
+    ) -> dict[str, Any]:
+        """The inference options of ``values``, checked, defaults filled in for the device
+        (:func:`sapiens2.tasks.options.resolve`)."""
+        return opts.resolve(self.name, self.options, values, gpu, where)
+
     def defaults(self, gpu: bool = False) -> dict[str, Any]:
         return {o.name: o.default_for(gpu) for o in self.options}
 
