@@ -194,7 +194,7 @@ class Clip:
         while jobs is not None:
             for job in jobs:
                 now = time.perf_counter()
-                if self.budget_s is not None and (now - t0) + 1.5 * last > self.budget_s:
+                if self.budget_s is not None and last and (now - t0) + 1.5 * last > self.budget_s:
                     yield Stopped(
                         f"the GPU time reserved ({self.budget_s:.0f} s of work) was about to run out"
                     )

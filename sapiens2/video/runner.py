@@ -236,9 +236,12 @@ class ClipRun:
             part = [_Frame(i, rgb) for i, rgb in islice(frames, window)]
             if part and not self.size[0]:
                 self.size = (part[0].rgb.shape[1], part[0].rgb.shape[0])
-            for f in part if self.independent else ():
-                f.intake, f.extra = load_image(f.rgb), {}
-                f.prep = self.stages.prepare(f.intake, **self.opts)
+            if self.independent:
+                for f in part:
+                    f.intake, f.extra = load_image(f.rgb), {}
+                preps = prepare_batch(self.stages, [f.intake for f in part], self.opts)
+                for f, prep in zip(part, preps, strict=True):
+                    f.prep = prep
             self.timing["decode_s"] += time.perf_counter() - t0
             yield part
             if not part or window is None:
