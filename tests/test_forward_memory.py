@@ -214,3 +214,14 @@ def test_host_budget_is_a_capped_share_of_available_memory(tmp_path: Path, monke
     monkeypatch.setattr(fm, "_cgroup_headroom", lambda: None)
     assert fm.host_budget() == fm.HOST_CAP_BYTES
     assert fm.device_budget(torch.device("cpu")) == fm.HOST_CAP_BYTES
+
+
+def test_cuda_without_a_driver_plans_with_the_host_budget(monkeypatch) -> None:
+    """ZeroGPU's CUDA emulated by `spaces` on a CPU build: "cuda" tensors, no driver to ask. The
+    forward runs on the host, so it plans with the host's budget instead of failing the call."""
+    if torch.cuda.is_available():
+        pytest.skip("a real CUDA device answers mem_get_info")
+    monkeypatch.setattr(fm, "host_budget", lambda: 3 * 1024**3)
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.cuda.mem_get_info(torch.device("cuda"))  # what the emulation's forward would meet
+    assert fm.device_budget(torch.device("cuda")) == 3 * 1024**3

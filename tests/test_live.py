@@ -23,7 +23,7 @@ from sapiens2.errors import InputImageError, OptionError
 from sapiens2.inputs.intake import load_image
 from sapiens2.models import cost
 from sapiens2.models.cost import Work
-from sapiens2.serving.device import Detect, OneTask
+from sapiens2.serving.device import Batch, Detect, OneTask
 from sapiens2.serving.live import (
     INPUTS,
     MAX_SIDE,
@@ -125,7 +125,7 @@ def test_a_slow_model_builds_no_backlog_and_its_latency_stays_bounded(manager) -
 
 def test_each_frame_s_device_work_is_a_priced_picklable_unit(manager) -> None:
     """The session hands its device units, as a request does: pose's person detection every
-    K-th frame (Detect) and each frame's forward (OneTask), each pickled across the way a GPU
+    K-th frame and each frame's forward (a OneTask each, of a Detect and of a Batch), each pickled across the way a GPU
     worker gets it and reserving what models/cost.py prices."""
     seen: list[Any] = []
 
@@ -137,11 +137,12 @@ def test_each_frame_s_device_work_is_a_priced_picklable_unit(manager) -> None:
     options = LiveOptions(T("pose"), input=FAST, tracking=TrackingOptions(detect_every=2))
     for i in range(3):
         session.step(camera(i), options)
-    assert [type(u) for u in seen] == [Detect, OneTask, OneTask, Detect, OneTask]
+    assert all(type(u) is OneTask for u in seen)
+    assert [type(u.batch) for u in seen] == [Detect, Batch, Batch, Detect, Batch]
     size = session._setup.size
-    work = [u if isinstance(u, Detect) else u.batch for u in seen]
+    work = [u.batch for u in seen]
     assert all(w.task is T("pose") and w.size == size for w in work)  # a Task pickles by its name
-    frame = [u for u in seen if isinstance(u, OneTask)][0]
+    frame = [u for u in seen if isinstance(u.batch, Batch)][0]
     assert frame.batch.options["input_hw"] == INPUTS[FAST]
     assert frame.seconds == frame_seconds(manager, T("pose"), size, session._setup.infer_opts)
     assert frame.seconds >= cost.MIN_CALL_S and seen[0].seconds >= cost.MIN_CALL_S
@@ -149,7 +150,7 @@ def test_each_frame_s_device_work_is_a_priced_picklable_unit(manager) -> None:
         cost.forward_seconds("0.4b", cost.VIDEO_PEOPLE)
     )
     with pytest.raises(OptionError, match="no person detection"):
-        list(Detect(T("seg"), size, (camera(0),), {}, 5).run(manager))
+        list(OneTask(Detect(T("seg"), size, (camera(0),), {}), 5).run(manager))
 
 
 # ----------------------------------------------------------------------------- the release's input

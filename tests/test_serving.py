@@ -484,16 +484,13 @@ def test_units_of_device_work_are_typed_and_picklable(tmp_path) -> None:
     (pickled by name), its seconds, and runs the same after the trip."""
     import pickle
 
-    from sapiens2.serving.device import AllTasks, Batch, Clip, OneTask
-    from sapiens2.video import TrackingOptions, VideoLimits
+    from sapiens2.serving.device import AllTasks, Batch, Clip, Feed, OneTask
 
     prep = np.zeros((4, 4, 3), np.uint8)
     one = OneTask(Batch(T("seg"), "0.4b", (prep,), {}), 9)
     every = AllTasks((one.batch, Batch(T("pose"), "1b", (prep,), {"flip_test": True})), 30)
-    clip = Clip(T("pose"), "1b", {"max_people": 3}, clip="c.mp4", out_dir=str(tmp_path), stride=2,
-                limits=VideoLimits(), batch=8, render_options={"threshold": 0.5},
-                tracking=TrackingOptions(detect_every=3), budget_s=None, take=None, seconds=40)  # fmt: skip
-    for unit, what in ((one, "seg"), (every, "all tasks"), (clip, "pose")):
+    clip = Clip(("pose", "pointmap"), (one.batch,), Feed(), budget_s=None, seconds=40)
+    for unit, what in ((one, "seg"), (every, "all tasks"), (clip, "pose + pointmap")):
         back = pickle.loads(pickle.dumps(unit))
         assert type(back) is type(unit) and back.seconds == unit.seconds and back.what == what
     back = pickle.loads(pickle.dumps(every))

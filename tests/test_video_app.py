@@ -32,7 +32,7 @@ from sapiens2.cli import main  # noqa: E402
 from sapiens2.cli.tasks import is_clip  # noqa: E402
 from sapiens2.errors import ResidencyError  # noqa: E402
 from sapiens2.models.cost import CPU_FRAME_OVERHEAD_S, CPU_MACS_PER_S, MAX_CALL_S  # noqa: E402
-from sapiens2.serving.device import Batch, Clip, OneTask  # noqa: E402
+from sapiens2.serving.device import Batch, Clip, Feed, OneTask  # noqa: E402
 from sapiens2.serving.video import VideoRequests  # noqa: E402
 from sapiens2.ui.inputs import NOT_UPLOADED_CLIP  # noqa: E402
 from sapiens2.ui.video_tab import APP_VIDEO_LIMITS  # noqa: E402
@@ -175,7 +175,7 @@ class CountingClips:
         self.calls: list[tuple[str, int]] = []  # (task, seconds)
 
     def __call__(self, unit: Clip) -> Any:
-        self.calls.append((unit.task.name, unit.seconds))
+        self.calls.append((unit.what, unit.seconds))
         return unit.run(self.manager)
 
 
@@ -198,32 +198,34 @@ def test_one_device_call_per_clip_with_a_duration_that_fits_the_quota(
 
 
 def test_a_plan_that_would_not_fit_is_reduced_up_front(tmp_path: Path) -> None:
-    """On a GPU with the Space's resident set, a 150-frame pose clip at 1b is reduced (stride
-    first) so that its one call fits 120 s of quota; the plan says so and what it requests."""
-    clip = write_clip(tmp_path / "c.mp4", n=150, fps=30.0)
+    """On a GPU with the Space's resident set, a 300-frame pose clip at 1b is reduced (stride
+    first) so that its one call fits 120 s of quota; the plan says so and what it requests. A
+    150-frame clip fits whole: the call holds only device work (no decode, render or encode)."""
     manager = serving.ModelManager(device="cpu")
     manager.resident_bytes = lambda: 15_600_000_000  # type: ignore[method-assign]
     requests = VideoRequests(manager, serving.RequestFolders(tmp_path / "r"))
+    half = requests.job(T("pose"), str(write_clip(tmp_path / "h.mp4", n=150, fps=30.0)), "1b")
+    assert requests.fitted(half) is half and requests.clip_seconds(half) <= MAX_CALL_S
+    clip = write_clip(tmp_path / "c.mp4", n=300, fps=30.0)
     job = requests.job(T("pose"), str(clip), "1b")  # on this CPU: no reduction
-    assert job.reduced is None and job.plan.frames == 150
+    assert job.reduced is None and job.plan.frames == 300
     fitted = requests.fitted(job)
-    assert fitted.plan.stride == 2 and fitted.plan.frames == 75 and "Reduced to 75 frames" in fitted.reduced
+    assert fitted.plan.stride == 2 and fitted.plan.frames == 150 and "Reduced to 150 frames" in fitted.reduced
     seconds = requests.clip_seconds(fitted)
     assert seconds <= MAX_CALL_S and gpu_request(seconds, factor=1.5).charged_s <= 120
     line = requests.estimate(fitted).line(gpu=True)
-    assert line.startswith("Reduced to 75") and f"requests {seconds} s of GPU" in line
+    assert line.startswith("Reduced to 150") and f"requests {seconds} s of GPU" in line
     small = requests.fitted(job, quota_s=40)  # what is left after a refusal: fewer frames
     assert gpu_request(requests.clip_seconds(small), factor=1.5).charged_s <= 40 < 93
-    assert 0 < small.frames < 75 and small.take == small.frames and "40 s left" in small.reduced
+    assert 0 < small.frames < 150 and small.take == small.frames and "40 s left" in small.reduced
 
 
 def test_the_gpu_step_never_loads(tiny_checkpoints, tmp_path: Path) -> None:
     manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
     with pytest.raises(ResidencyError):
         list(OneTask(Batch(T("seg"), "0.4b", (), {}), 5).run(manager))
-    clip = Clip(T("pose"), "0.4b", {}, clip=str(write_clip(tmp_path / "c.mp4", n=2, fps=FPS)),
-                out_dir=str(tmp_path / "o"), stride=1, limits=APP_VIDEO_LIMITS, batch=8, render_options={},
-                tracking=TrackingOptions(), budget_s=None, take=None, seconds=5)  # fmt: skip
+    prep = np.zeros((8, 8, 3), np.uint8)
+    clip = Clip(("pose",), (Batch(T("pose"), "0.4b", (prep,), {}),), Feed(), budget_s=None, seconds=5)
     with pytest.raises(ResidencyError):  # a clip's unit, without the server's preparation
         list(clip.run(manager))
     assert manager.loaded() == []

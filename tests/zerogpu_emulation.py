@@ -582,6 +582,115 @@ def scenario_live_admission(tmp: Path, checkpoints_json: str, policy: str, frame
     return out
 
 
+#: What a clip's run does, by kind: (module path, attribute, kind). The same names exist before
+#: and after issue 36's item 4, so the scenario reads both layouts.
+CLIP_WORK = [
+    ("sapiens2.video.runner", "iter_frames", "decode"),
+    ("sapiens2.video.writer:VideoWriter", "write", "encode"),
+    ("sapiens2.video.handlers:PoseFrames", "consume", "render"),
+    ("sapiens2.video.handlers:DenseFrames", "consume", "render"),
+    ("sapiens2.video.handlers:DepthFrames", "deferred", "render"),
+    ("sapiens2.tasks.pose:PosePipeline", "prepare", "prepare"),
+    ("sapiens2.tasks.pointmap:PointmapPipeline", "prepare", "prepare"),
+    ("sapiens2.tasks.pose:PosePipeline", "finish", "finish"),
+    ("sapiens2.tasks.pointmap:PointmapPipeline", "finish", "finish"),
+    ("sapiens2.tasks.pose:PosePipeline", "infer", "forward"),
+    ("sapiens2.tasks.pointmap:PointmapPipeline", "infer", "forward"),
+    ("sapiens2.tasks.pose:PosePipeline", "detect", "detect"),
+]
+
+
+def record_clip_work(log: Path) -> None:
+    """Wrap :data:`CLIP_WORK` so that every call appends "pid kind seconds" to ``log`` (in the
+    server and in the forked GPU worker alike: a fork keeps the wrappers)."""
+    import importlib
+    import inspect
+    import time
+
+    for where, name, kind in CLIP_WORK:
+        module, _, cls = where.partition(":")
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        fn = getattr(owner, name)
+        if isinstance(fn, staticmethod):
+            fn = fn.__func__
+
+        def note(kind: str, seconds: float) -> None:
+            with open(log, "a") as fh:
+                fh.write(f"{os.getpid()} {kind} {seconds:.6f}\n")
+
+        def each(items: Any, kind: str) -> Any:  # a generator's work happens as it is read
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+                finally:
+                    note(kind, time.perf_counter() - t0)
+                yield item
+
+        def timed(*args: Any, _fn: Any = fn, _kind: str = kind, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            value = _fn(*args, **kwargs)
+            note(_kind, time.perf_counter() - t0)
+            return each(value, _kind) if inspect.isgenerator(value) else value
+
+        setattr(owner, name, timed)
+
+
+def scenario_clip_schedule(tmp: Path, checkpoints_json: str, frames: str, *tasks: str) -> dict[str, Any]:
+    """Each of ``tasks`` (a video task, or ``motion``) on a ``frames``-frame 720p clip through the
+    app's GPU entry against the stand-in device API (policy "used", a large quota, the Space's
+    resident set modelled): per call the seconds requested and the call's wall time, and per kind
+    of work (decode, prepare, forward, detect, finish, render, encode) the seconds spent inside the
+    GPU worker and in the server. The tiny models' forwards say nothing about a GPU's seconds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from video_clips import write_clip
+
+    api = DeviceApi(tmp / "device-api", 100_000, "used")
+    install_device_api(api)
+    log = tmp / "work.log"
+    record_clip_work(log)
+    from sapiens2 import serving
+    from sapiens2.serving.video import VideoRequests
+    from sapiens2.tasks import registry
+    from sapiens2.ui.gpu import gpu_device
+    from sapiens2.video import TrackingOptions
+    from sapiens2.zerogpu import entry as zerogpu
+
+    checkpoints = json.loads(Path(checkpoints_json).read_text())
+    manager = serving.ModelManager(checkpoints=checkpoints, on_change=zerogpu.resident_changed)
+    manager.resident_bytes = lambda: SPACE_RESIDENT_BYTES
+    video = VideoRequests(manager, serving.RequestFolders(tmp / "requests"), device=gpu_device(manager))
+    clip = write_clip(tmp / "clip720p.mp4", n=int(frames), fps=30.0, size=(1280, 720))
+    out: dict[str, Any] = {"server_pid": os.getpid(), "frames": int(frames)}
+
+    def run(task: str) -> int:
+        if task == "motion":
+            from sapiens2.serving.motion import MotionRequests
+
+            return MotionRequests(video).run(str(clip), "0.4b").frames
+        job = video.job(registry.get(task), str(clip), "0.4b", tracking=TrackingOptions())
+        return video.run(job).frames
+
+    with ThreadPoolExecutor(1) as handler_thread:
+        for task in tasks:
+            start = len(api.log)
+            log.write_text("")
+            done = handler_thread.submit(run, task).result()
+            calls = [{k: e[k] for k in ("requested_s", "wall_s", "fresh_worker")} for e in api.log[start:]]
+            work: dict[str, dict[str, float]] = {}
+            for line in log.read_text().splitlines():
+                pid, kind, seconds = line.split()
+                where = "server" if int(pid) == os.getpid() else "gpu_call"
+                work.setdefault(kind, {}).setdefault(where, 0.0)
+                work[kind][where] = round(work[kind][where] + float(seconds), 3)
+            out[task] = {"frames": done, "calls": calls, "work_s": work}
+    return out
+
+
 def _no_progress(*_: Any, **__: Any) -> None:
     return None
 

@@ -38,9 +38,11 @@ DETECT_PHOTO_S = 1.0
 DETECT_GPU_S = 0.25
 #: People per frame a clip's reservation assumes for a task that crops each person.
 VIDEO_PEOPLE = 2
-#: Seconds per frame of the host work inside a clip's call: decode, prepare, finish, render and
-#: two VP8 encodes (the run measures its own).
-FRAME_HOST_S = 0.15
+#: Seconds per frame a clip's call waits on the server when a frame's input follows the results
+#: before it (pose: the batch finished, the tracker, the next crops, two round trips). Decoding,
+#: rendering and encoding run in the server outside the call; a clip whose inputs are all
+#: prepared before the call (``tracked=False``) waits for nothing.
+FRAME_HOST_S = 0.03
 #: Never ask for less than a worker's bare start.
 MIN_CALL_S = 5
 #: Never ask for more than a visitor without an account can start on the slowest node: the
@@ -90,15 +92,16 @@ def photo_seconds(size: str, work: Work) -> float:
 def clip_seconds(size: str, work: Work, frames: int, batch: int, detect_every: int) -> float:
     """Seconds of device work of a clip's one call for ``frames`` frames (start-up excluded):
     forwards in batches of ``batch`` frames for the task's model and each borrowed one, a person
-    detection every ``detect_every`` frames (with the detector), and the frames' host work."""
+    detection every ``detect_every`` frames (with the detector), and for a task whose frames
+    follow the results (the detector's: tracked) the waits on the server between batches."""
     per_frame = work.forwards * (VIDEO_PEOPLE if work.people else 1)
     models = 1 + work.borrowed
     full, last = divmod(frames, batch)
     seconds = full * forward_seconds(size, batch * per_frame) * models
     seconds += forward_seconds(size, last * per_frame) * models if last else 0.0
     if work.detector:
-        seconds += DETECT_GPU_S * math.ceil(frames / detect_every)
-    return seconds + FRAME_HOST_S * frames
+        seconds += DETECT_GPU_S * math.ceil(frames / detect_every) + FRAME_HOST_S * frames
+    return seconds
 
 
 def frame_seconds(size: str, work: Work) -> float:

@@ -143,7 +143,12 @@ def device_budget(device: torch.device) -> int:
     (the driver's free plus torch's cached, unused blocks); elsewhere :func:`host_budget`."""
     if device.type != "cuda":
         return host_budget()
-    free, _total = torch.cuda.mem_get_info(device)
+    try:
+        free, _total = torch.cuda.mem_get_info(device)
+    except (AssertionError, RuntimeError):
+        # "cuda" without a driver: ZeroGPU's CUDA emulated by `spaces` on a CPU build (its own
+        # tests, a CPU Space with SPACES_ZERO_GPU set), where the forward runs on the host
+        return host_budget()
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return int(DEVICE_SHARE * (free + max(0, cached)))
 

@@ -2,8 +2,8 @@
 
 :class:`OneTask` (a photo, or two compared photos: one task's batch), :class:`AllTasks` ("Run all
 tasks": every task's batch, each task's raws streamed as soon as its forward is done) and
-:class:`Clip` (a whole video clip: progress per batch, then the result) and :class:`Detect` (the
-people in a live view's frame, by the task's detection hook). Each is a frozen,
+:class:`Clip` (a clip's device work only: its forwards and detections, batch by batch, raws
+streamed out; the server decodes, renders and encodes). Each is a frozen,
 picklable dataclass (a task pickles by its name; a GPU worker is a fork of the server and holds
 the same declarations) carrying the seconds its call reserves, and runs where the models are
 with :meth:`run`: it never loads (a missing model is a ResidencyError), and package errors are
@@ -15,15 +15,16 @@ Space the app's one GPU entry (``sapiens2.ui.gpu``).
 
 from __future__ import annotations
 
+import multiprocessing
+import queue
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from ..errors import OptionError, Sapiens2Error
 from ..tasks.registry import Task
-from ..video.handlers import FrameHandler, TrackingOptions
-from ..video.reader import VideoLimits
-from ..video.runner import iter_video
 from ..zerogpu.loadguard import loading_forbidden
 from .cache import ModelManager
 from .memory import is_out_of_memory, out_of_memory
@@ -54,9 +55,10 @@ class Batch:
 
 @dataclass(frozen=True)
 class OneTask:
-    """A call running one task's batch; yields its raws once."""
+    """A call running one job, yielding its outputs once: a task's batch (a photo, two compared
+    photos, a live frame) or a :class:`Detect` (a live view's detection frame)."""
 
-    batch: Batch
+    batch: Job
     seconds: int  # the call's reservation (``sapiens2.models.cost.reservation``)
 
     @property
@@ -88,68 +90,124 @@ class AllTasks:
 
 
 @dataclass(frozen=True)
-class Clip:
-    """A call running a whole clip through a task (decode, person detection and tracking, the
-    batch forwards, rendering, writing into ``out_dir``); yields (frames done, planned) per
-    batch, then the :class:`~sapiens2.video.runner.VideoResult`."""
+class Detect:
+    """A task's person detection on whole frames (pose's video hook: ``Task.video.detect``): a
+    clip's detection frames inside its call, a live view's in a :class:`OneTask`."""
 
     task: Task
     size: str
+    rgbs: tuple[Any, ...]
     options: Mapping[str, Any]
-    clip: str
-    out_dir: str
-    stride: int
-    limits: VideoLimits
-    batch: int  # frames per forward
-    render_options: Mapping[str, Any]
-    tracking: TrackingOptions
-    budget_s: float | None  # stop before this many seconds of work (the reservation's share)
-    take: int | None  # only the first frames (a plan cut to the quota)
-    seconds: int
-    #: a frame handler instead of the declaration's (motion's pointmap pass keeps more per frame)
-    handler: FrameHandler | None = None
 
-    @property
-    def what(self) -> str:
-        return self.task.name
-
-    def run(self, manager: ModelManager) -> Iterator[Any]:
+    def infer(self, manager: ModelManager) -> list[Any]:
         with loading_forbidden():
             pipe = manager.get(self.task, self.size, load=False)
-            yield from iter_video(
-                pipe, self.clip, self.out_dir, task=self.task, options=self.options, stride=self.stride,
-                limits=self.limits, batch_size=self.batch, render_options=self.render_options,
-                tracking=self.tracking, source_video=True, budget_s=self.budget_s, take=self.take,
-                handler=self.handler,
-            )  # fmt: skip
+            hook = self.task.video.detect if self.task.video else None
+            if hook is None:
+                raise OptionError(f"The {self.task.api_name} task has no person detection.")
+            find = hook(pipe, self.options)
+            return [find(rgb) for rgb in self.rgbs]
+
+
+Job = Batch | Detect
 
 
 @dataclass(frozen=True)
-class Detect:
-    """A call finding the people in frames with the task's detection hook (``Task.video.detect``:
-    pose's person detector at its options); yields one list, a result per frame. A live view's
-    detection frames (``sapiens2.serving.live``); a clip detects inside its own call."""
+class Stopped:
+    """What a clip's call yields instead of a job's outputs when its reservation is about to run
+    out; the call then ends."""
 
-    task: Task
-    size: str
-    frames: tuple[Any, ...]  # (H, W, 3) uint8 RGB each
-    options: Mapping[str, Any]
+    reason: str
+
+
+#: What a clip's call yields first, once it runs where the models are (its feed is then live).
+READY = "ready"
+
+
+class Feed:
+    """The requests a server sends into a clip's running call: a queue in this process (the
+    call runs here, lazily), a pipe once the unit was pickled to a ZeroGPU worker (the pipe's
+    reading end crosses the pickle; :func:`multiprocessing.reduction` hands its descriptor over).
+
+    The call yields :data:`READY` before its first read, so by then the server knows which."""
+
+    def __init__(self) -> None:
+        self._local: queue.Queue[Any] = queue.Queue()
+        self._reader, self._writer = multiprocessing.Pipe(duplex=False)
+        self._crossed = False  # the unit was pickled: the call runs in another process
+        self._remote = False  # this copy is the call's, in the worker
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._crossed = True  # from now on the server writes to the pipe
+        return {"reader": bytes(ForkingPickler.dumps(self._reader))}  # its descriptor, shared
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._reader, self._writer, self._local = ForkingPickler.loads(state["reader"]), None, None
+        self._crossed, self._remote = True, True
+
+    def put(self, jobs: tuple[Job, ...] | None) -> None:
+        """Send jobs to the call (None: no more; the call ends)."""
+        if self._crossed:
+            self._writer.send(jobs)
+        else:
+            self._local.put(jobs)
+
+    def get(self, timeout_s: float) -> tuple[Job, ...] | None:
+        """The next jobs in the call; None when the server is done or silent for ``timeout_s``."""
+        if self._remote:
+            return self._reader.recv() if self._reader.poll(timeout_s) else None
+        try:
+            return self._local.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        for end in (self._reader, self._writer):
+            if end is not None:
+                end.close()
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A call serving a clip's device work and nothing else: the server decodes, prepares,
+    tracks, finishes, renders and encodes (``sapiens2.serving.video``); the call runs the jobs
+    it is given -- ``first`` (every batch known before the call: the frames' forwards of a task
+    without per-frame options) and then what the server sends through ``feed`` (pose's
+    detections and forwards, batch by batch, since its boxes follow the keypoints) -- and
+    yields each job's outputs (the raws), in order. A :class:`Stopped` instead when the next job
+    would pass ``budget_s`` seconds of work (the reservation's share)."""
+
+    tasks: tuple[str, ...]  # the tasks it serves (what the call is named by)
+    first: tuple[Job, ...]
+    feed: Feed
+    budget_s: float | None
     seconds: int
+    #: seconds the call waits for the server's next jobs before it ends on its own
+    idle_s: float = 120.0
 
     @property
     def what(self) -> str:
-        return f"{self.task.name} detection"
+        return " + ".join(self.tasks)
 
-    def run(self, manager: ModelManager) -> Iterator[list[Any]]:
-        video = self.task.video
-        if video is None or video.detect is None:
-            raise OptionError(f"The {self.task.name} task has no person detection.")
-        with loading_forbidden():
-            find = video.detect(manager.get(self.task, self.size, load=False), self.options)
-            yield [find(frame) for frame in self.frames]
+    def run(self, manager: ModelManager) -> Iterator[Any]:
+        yield READY
+        t0, last = time.perf_counter(), 0.0
+        jobs: tuple[Job, ...] | None = self.first
+        while jobs is not None:
+            for job in jobs:
+                now = time.perf_counter()
+                if self.budget_s is not None and last and (now - t0) + 1.5 * last > self.budget_s:
+                    yield Stopped(
+                        f"the GPU time reserved ({self.budget_s:.0f} s of work) was about to run out"
+                    )
+                    return
+                out = job.infer(manager)
+                last = time.perf_counter() - now
+                yield out
+            jobs = self.feed.get(self.idle_s)
 
 
-Unit = OneTask | AllTasks | Clip | Detect
+Unit = OneTask | AllTasks | Clip
 #: Runs a unit where the models are and streams what it yields (one GPU admission per unit).
 Device = Callable[[Unit], Iterator[Any]]
 
@@ -159,4 +217,7 @@ def local_device(manager: ModelManager) -> Device:
     return lambda unit: unit.run(manager)
 
 
-__all__ = ["AllTasks", "Batch", "Clip", "Detect", "Device", "OneTask", "Unit", "local_device"]
+__all__ = [
+    "READY", "AllTasks", "Batch", "Clip", "Detect", "Device", "Feed", "Job", "OneTask", "Stopped", "Unit",
+    "local_device",
+]  # fmt: skip

@@ -21,8 +21,8 @@ and the page counts what it replaced (``sapiens2.ui.live_tab``). Either way the 
 frame is at most the time of the frame before it plus its own, however slow the model is.
 
 **The device step** is the server's :data:`~sapiens2.serving.device.Device` running units of
-device work like any request: each frame's forward is a :class:`~sapiens2.serving.device.OneTask`,
-pose's person detection (every K-th frame) a :class:`~sapiens2.serving.device.Detect`, each priced
+device work like any request: each frame's forward is a :class:`~sapiens2.serving.device.OneTask`
+of a ``Batch``, pose's person detection (every K-th frame) one of a ``Detect``, each priced
 by :mod:`sapiens2.models.cost` (:func:`~sapiens2.models.cost.frame_seconds`). In the app that is
 the one GPU entry; the tab is a notice on ZeroGPU, where a unit per frame is an admission per
 frame (docs/LIVE.md).
@@ -349,7 +349,7 @@ class LiveSession:
 
     def _people(self, setup: _Setup, rgb: np.ndarray) -> FramePeople | None:
         """Pose: the people of this frame (the detector's every K-th frame, one
-        :class:`~sapiens2.serving.device.Detect` unit; else the tracks')."""
+        :class:`~sapiens2.serving.device.Detect` in a ``OneTask`` unit; else the tracks')."""
         if setup.people is None:
             return None
         found = None
@@ -357,7 +357,9 @@ class LiveSession:
             if setup.decl.video is None or setup.decl.video.detect is None:
                 raise OptionError(f"The {setup.decl.api_name} task has no person detection for live video.")
             seconds = cost.reservation(cost.detect_seconds(1), self.manager.resident_bytes())
-            [[found]] = self.device(Detect(setup.decl, setup.size, (rgb,), setup.infer_opts, seconds))
+            [[found]] = self.device(
+                OneTask(Detect(setup.decl, setup.size, (rgb,), setup.infer_opts), seconds)
+            )
         return setup.people.people(self._k, rgb, found)
 
     def _render(

@@ -1,12 +1,16 @@
-"""Motion requests for a server: a clip's 3D motion as two clip calls and a CPU step.
+"""Motion requests for a server: a clip's 3D motion in ONE device call (one GPU admission).
 
-The pose pass and the pointmap pass (:mod:`sapiens2.video.motion`) each run as an ordinary
-video request of :class:`~sapiens2.serving.video.VideoRequests` (checks, loading, one device call
-each; on ZeroGPU one admission each), over the same frames: both take the plan of the one that
-had to be reduced more to fit the GPU quota. The pointmap call gets the motion's frame handler,
-which carries the pose pass's arrays and leaves the lifted points beside its files; the motion
-files are then made here, on the CPU. One device call for both passes is the next step (issue
-36, item 4).
+The pose pass and the pointmap pass (:mod:`sapiens2.video.motion`) are two clip runs of this
+server (:class:`~sapiens2.serving.video.VideoRequests`: checks, loading, the server's side of a
+clip) over the same frames, sharing one :class:`~sapiens2.serving.clip_call.ClipCall`: both
+clips are decoded and the pointmap's inputs prepared before the call opens; in the call, pose's
+detections and forwards run batch by batch (its boxes follow its keypoints), then every
+pointmap forward back to back; the call ends with the last forward. Everything else -- tracking,
+smoothing, rendering, encoding, the lifting and the motion files -- runs here, on the CPU.
+
+The plan is fitted to the call as a whole (both passes' forwards and one worker start): a plan
+that would not fit a visitor without an account is reduced up front (a larger stride, then
+fewer frames); a refusal for quota runs the frames that fit in the seconds left.
 """
 
 from __future__ import annotations
@@ -17,17 +21,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import GpuUnavailableError, InputVideoError
 from ..outputs.export import file_stem
+from ..video.exports import pose_arrays
 from ..video.handlers import TrackingOptions
-from ..video.motion import (
-    POINTMAP,
-    POSE,
-    MotionDepth,
-    MotionOptions,
-    MotionResult,
-    finish_motion,
-    pose_arrays_of,
-)
+from ..video.motion import POINTMAP, POSE, MotionDepth, MotionOptions, MotionResult, finish_motion
+from ..zerogpu.quota import cost_notice
+from .clip_call import ClipCall
 from .video import VideoJob, VideoRequests
 
 Progress = Callable[[int, int | None], None]
@@ -42,14 +42,24 @@ class MotionRequests:
     def jobs(
         self, clip: Any, size: str | None, *, stride: int, max_frames: int | None, tracking: TrackingOptions
     ) -> tuple[VideoJob, VideoJob]:
-        """The two passes' checked jobs, on the same frames."""
-        pm = self.video.job(
-            POINTMAP, clip, size, stride=stride, max_frames=max_frames, options={"use_segmentation": True}
-        )
-        pose = self.video.job(POSE, clip, size, stride=stride, max_frames=max_frames, tracking=tracking)
-        fewer = pose if pose.frames < pm.frames else pm
+        """The two passes' checked jobs, on the same frames, fitted to one call."""
+        v = self.video
+        pm = v.job(POINTMAP, clip, size, stride=stride, max_frames=max_frames,
+                   options={"use_segmentation": True}, fit=False)  # fmt: skip
+        pose = v.job(POSE, clip, size, stride=stride, max_frames=max_frames, tracking=tracking, fit=False)
+        return self.fitted(pose, pm)
+
+    def fitted(self, pose: VideoJob, pm: VideoJob, quota_s: int | None = None) -> tuple[VideoJob, VideoJob]:
+        """Both jobs on the plan that lets their one call fit (on a GPU; as they are elsewhere)."""
+        if not self.video.manager.cuda and quota_s is None:
+            return pose, pm
+        fewer = self.video.fitted(pose, quota_s, also=(pm,))
         same = {"plan": fewer.plan, "take": fewer.take, "reduced": fewer.reduced}
         return replace(pose, **same), replace(pm, **same)
+
+    def seconds(self, pose: VideoJob, pm: VideoJob) -> int:
+        """The seconds the motion's one call requests."""
+        return self.video.clip_seconds(pose, also=(pm,))
 
     def run(
         self,
@@ -64,18 +74,74 @@ class MotionRequests:
         t0 = time.perf_counter()
         pose_job, pm_job = self.jobs(clip, size, stride=stride, max_frames=max_frames, tracking=tracking)
         options = MotionOptions(smoothing=tracking.smoothing)
-        planned = 2 * pose_job.frames
+        v = self.video
+        self._tell(pose_job, pm_job)
+        with v.manager.holding(v.manager.prepare(POSE, pose_job.size, **pose_job.infer_opts)):
+            with v.manager.holding(v.manager.prepare(POINTMAP, pm_job.size, **pm_job.infer_opts)):
+                try:
+                    return self._run(pose_job, pm_job, clip, options, progress, t0)
+                except GpuUnavailableError as err:
+                    if not (err.quota and err.left_s):
+                        raise
+                    smaller = self.fitted(pose_job, pm_job, err.left_s)
+                    if not v._fits(smaller[0], smaller[0].frames, err.left_s, also=(smaller[1],)):
+                        raise
+                    result = self._run(*smaller, clip, options, progress, t0)
+                    result.notices.insert(
+                        0, f"Only {result.frames} of {pose_job.frames} frames were processed. {err}"
+                    )
+                    return result
 
-        def step(offset: int) -> Progress:
-            return lambda done, _: progress(offset + done, planned) if progress is not None else None
+    def _tell(self, pose: VideoJob, pm: VideoJob) -> None:
+        """On a GPU: the plan's reduction and what the call costs, before it runs."""
+        say = self.video.announce
+        if say is None or not self.video.manager.cuda:
+            return
+        if pose.reduced:
+            say(pose.reduced)
+        notice = cost_notice(self.seconds(pose, pm), "This motion run (one GPU call for pose and pointmap)")
+        if notice:
+            say(notice)
 
-        pose = self.video.run(pose_job, step(0))
-        if pose.frames < pm_job.frames:  # the pose call ended early: the pointmap takes its frames
-            pm_job = replace(pm_job, take=max(1, pose.frames))
-        handler = MotionDepth(pose_arrays_of(pose), options)
-        pointmap = self.video.run(replace(pm_job, handler=handler), step(pose.frames))
-        result = finish_motion(pose, pointmap, file_stem(Path(str(clip)).name, "clip"), options, t0)
+    def _run(
+        self, pose_job: VideoJob, pm_job: VideoJob, clip: Any, options: MotionOptions, progress: Progress | None,
+        t0: float,
+    ) -> MotionResult:  # fmt: skip
+        """Both passes in one call; the motion files from their results."""
+        v, folder = self.video, str(self.video.folders.new())
+        seconds = self.seconds(pose_job, pm_job)
+        handler = MotionDepth(None, options)
+        budget = v.call_budget(pose_job, seconds, also=(pm_job,))
+        with ClipCall(v.device, (POSE.name, POINTMAP.name), seconds, budget) as call:
+            pose_run = v.clip_run(pose_job, call, folder)
+            pm_run = v.clip_run(replace(pm_job, handler=handler), call, folder)
+            pose_run.load()
+            pm_run.load()  # both clips decoded, the pointmap's inputs prepared: before the call
+            pose_run.last_steps = False  # the pointmap's forwards follow in the same call
+            planned = 2 * (pose_run.plan.frames or pose_job.frames)
+            for done in pose_run.process(call.steps(POSE, pose_job.size)):
+                if progress is not None:
+                    progress(done, planned)
+            if pose_run.stopped and not call.open:
+                raise InputVideoError(
+                    f"The GPU call ended during the pose pass ({pose_run.stopped}); try fewer frames."
+                )
+            pose_frames = pose_arrays(pose_run.handler.frames)
+            handler.use_pose(pose_frames)
+            if pose_run.done < len(pm_run.frames or ()):  # the pose pass ended early: the same frames
+                pm_run.frames = (pm_run.frames or [])[: max(1, pose_run.done)]
+            for done in pm_run.process(call.steps(POINTMAP, pm_job.size)):
+                if progress is not None:
+                    progress(pose_run.done + done, planned)
+        pose, pointmap = pose_run.result(), pm_run.result()
+        for result, job in ((pose, pose_job), (pointmap, pm_job)):
+            if job.reduced:
+                result.notices.insert(0, job.reduced)
+        result = finish_motion(
+            pose, pointmap, file_stem(Path(str(clip)).name, "clip"), options, t0, pose_frames
+        )
         result.details["sizes"] = {"pose": pose_job.size, "pointmap": pm_job.size}
+        result.details["gpu_calls"] = 1
         return result
 
 

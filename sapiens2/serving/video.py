@@ -29,10 +29,11 @@ from ..models.zoo import ARCHS
 from ..tasks.registry import Task, Video
 from ..video.handlers import TrackingOptions, handler_class
 from ..video.reader import VideoLimits
-from ..video.runner import VideoPlan, VideoResult, plan_video
+from ..video.runner import ClipRun, VideoPlan, VideoResult, clip_run, plan_video
 from ..zerogpu.quota import cost_notice, gpu_request
 from .cache import CUSTOM, ModelManager
-from .device import Clip, Device, local_device
+from .clip_call import ClipCall
+from .device import Device, local_device
 from .folders import RequestFolders
 
 #: Frames per forward inside the clip's call.
@@ -142,8 +143,10 @@ class VideoRequests:
         max_frames: int | None = None,
         tracking: TrackingOptions = TrackingOptions(),
         options: Mapping[str, Any] | None = None,
+        fit: bool = True,
     ) -> VideoJob:
-        """Check a request and plan the clip (cheap: reads the header only)."""
+        """Check a request and plan the clip (cheap: reads the header only); on a GPU ``fit``
+        reduces the plan to what one call may request (:meth:`fitted`)."""
         handler_class(task, self.manager.video_tasks())  # OptionError unless it declares video
         if clip is None or (isinstance(clip, str) and not clip.strip()):
             raise InputVideoError("No clip given: upload an MP4, WebM, MOV or GIF clip.")
@@ -152,23 +155,24 @@ class VideoRequests:
         infer_opts, render_opts = task.split(options or {}, gpu=self.manager.cuda)
         plan = plan_video(clip, stride=stride, limits=limits)
         job = VideoJob(task, size, str(clip), plan, limits, infer_opts, render_opts, tracking)
-        return self.fitted(job) if self.manager.cuda else job
+        return self.fitted(job) if self.manager.cuda and fit else job
 
-    def fitted(self, job: VideoJob, quota_s: int | None = None) -> VideoJob:
-        """``job``, or a reduced plan when its one GPU call would request more than
-        ``quota_s`` seconds of quota (default: what a visitor without an account can start):
-        a larger stride first (the whole clip stays covered), then only the first frames."""
-        if self._fits(job, job.frames, quota_s):
+    def fitted(self, job: VideoJob, quota_s: int | None = None, also: tuple[VideoJob, ...] = ()) -> VideoJob:
+        """``job``, or a reduced plan when its one GPU call (with the jobs ``also`` in the same
+        call, over the same frames) would request more than ``quota_s`` seconds of quota
+        (default: what a visitor without an account can start): a larger stride first (the
+        whole clip stays covered), then only the first frames."""
+        if self._fits(job, job.frames, quota_s, also):
             return job
         total = job.plan.frames or job.limits.max_frames
         stride, frames = job.plan.stride, job.frames
         plan = job.plan
         if quota_s is None:
-            while stride < MAX_AUTO_STRIDE and not self._fits(job, frames, quota_s):
+            while stride < MAX_AUTO_STRIDE and not self._fits(job, frames, quota_s, also):
                 stride += 1
                 frames = math.ceil(total * job.plan.stride / stride)
             plan = plan_video(job.clip, stride=stride, limits=job.limits)
-        while frames > 1 and not self._fits(job, frames, quota_s):
+        while frames > 1 and not self._fits(job, frames, quota_s, also):
             frames -= 1
         why = (
             f"your ZeroGPU quota has {quota_s} s left"
@@ -183,8 +187,9 @@ class VideoRequests:
         )
         return replace(job, plan=plan, reduced=reduced, take=take)
 
-    def _fits(self, job: VideoJob, frames: int, quota_s: int | None) -> bool:
-        seconds = self.clip_work(job, frames) + cost.start_seconds(self._resident(job))
+    def _fits(self, job: VideoJob, frames: int, quota_s: int | None, also: tuple[VideoJob, ...] = ()) -> bool:
+        jobs = (job, *also)
+        seconds = sum(self.clip_work(j, frames) for j in jobs) + cost.start_seconds(self._resident(*jobs))
         if quota_s is None:
             return seconds <= cost.MAX_CALL_S
         return gpu_request(seconds).charged_s <= quota_s
@@ -200,9 +205,9 @@ class VideoRequests:
 
     # -- cost ------------------------------------------------------------------------------
 
-    def _resident(self, job: VideoJob) -> int:
-        sizes = [job.size if job.size in t.spec.sizes else t.spec.default_size(True)
-                 for t in (job.task, *job.task.needs(job.infer_opts))]  # fmt: skip
+    def _resident(self, *jobs: VideoJob) -> int:
+        sizes = [j.size if j.size in t.spec.sizes else t.spec.default_size(True)
+                 for j in jobs for t in (j.task, *j.task.needs(j.infer_opts))]  # fmt: skip
         return max(self.manager.resident_bytes(), cost.weight_bytes(sizes))
 
     def clip_work(self, job: VideoJob, frames: int) -> float:
@@ -212,9 +217,11 @@ class VideoRequests:
         work = job.task.work(job.infer_opts)
         return cost.clip_seconds(job.size, work, frames, MAX_BATCH, job.tracking.detect_every)
 
-    def clip_seconds(self, job: VideoJob) -> int:
-        """The GPU seconds the clip's one call requests (the one reservation function)."""
-        return cost.reservation(self.clip_work(job, job.frames), self._resident(job))
+    def clip_seconds(self, job: VideoJob, also: tuple[VideoJob, ...] = ()) -> int:
+        """The GPU seconds the clip's one call requests (the one reservation function), with
+        the jobs ``also`` in the same call over the same frames."""
+        jobs = (job, *also)
+        return cost.reservation(sum(self.clip_work(j, job.frames) for j in jobs), self._resident(*jobs))
 
     def estimate(self, job: VideoJob) -> Estimate:
         frames = job.frames if job.plan.frames is not None else None
@@ -298,27 +305,38 @@ class VideoRequests:
 
     def _run_clip(self, job: VideoJob, progress: Callable[[int, int | None], None] | None) -> VideoResult:
         seconds = self.clip_seconds(job)
-        # stop before the reservation runs out (a GPU's wall time); SAPIENS2_NO_GPU_BUDGET=1 turns
-        # it off where "cuda" is emulated on a CPU whose wall time says nothing about a GPU's
-        timed = self.manager.cuda and not os.environ.get("SAPIENS2_NO_GPU_BUDGET")
-        budget = seconds - cost.start_seconds(self._resident(job)) if timed else None
-        unit = Clip(
-            job.task, job.size, job.infer_opts, clip=job.clip, out_dir=str(self.folders.new()),
-            stride=job.plan.stride, limits=job.limits, batch=MAX_BATCH,
-            render_options=video_render_options(job.task, job.render_opts), tracking=job.tracking,
-            budget_s=budget, take=job.take, seconds=seconds, handler=job.handler,
-        )  # fmt: skip
-        result = None
-        for item in self.device(unit):
-            if isinstance(item, VideoResult):
-                result = item
-            elif progress is not None:
-                progress(item[0], item[1])
-        if result is None:
+        with ClipCall(self.device, (job.task.name,), seconds, self.call_budget(job, seconds)) as call:
+            run = self.clip_run(job, call, str(self.folders.new()))
+            run.load()  # decode and prepare before the call opens
+            for done in run.process(call.steps(job.task, job.size)):
+                if progress is not None:
+                    progress(done, run.plan.frames)
+        if not call.jobs:
             raise InputVideoError("The clip's GPU call ended without a result; try again.")
+        result = run.result()
         if job.reduced:
             result.notices.insert(0, job.reduced)
         return result
+
+    def call_budget(self, job: VideoJob, seconds: int, also: tuple[VideoJob, ...] = ()) -> float | None:
+        """Seconds of work the call may do before it stops (its reservation less a fresh worker's
+        start), on a GPU; None elsewhere. SAPIENS2_NO_GPU_BUDGET=1 turns it off where "cuda" is
+        emulated on a CPU whose wall time says nothing about a GPU's."""
+        timed = self.manager.cuda and not os.environ.get("SAPIENS2_NO_GPU_BUDGET")
+        return seconds - cost.start_seconds(self._resident(job, *also)) if timed else None
+
+    def clip_run(self, job: VideoJob, call: ClipCall, out_dir: str, name: str | None = None) -> ClipRun:
+        """The server's side of ``job``'s clip (nothing decoded yet): the pipeline's CPU stages
+        here, its device steps (forwards, pose's detections) in ``call``."""
+        steps = call.steps(job.task, job.size)
+        steps.detect_options = job.infer_opts
+        pipe = self.manager.get(job.task, job.size, load=False)
+        return clip_run(
+            pipe, job.clip, out_dir, task=job.task, stride=job.plan.stride, limits=job.limits,
+            batch_size=MAX_BATCH, options=job.infer_opts, tracking=job.tracking, take=job.take,
+            render_options=video_render_options(job.task, job.render_opts), detect_many=steps.detect_many,
+            source_video=True, handler=job.handler, name=name,
+        )  # fmt: skip
 
     def _tell(self, job: VideoJob, estimate: Estimate) -> None:
         if self.announce is None:

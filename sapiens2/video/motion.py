@@ -19,8 +19,9 @@ One-Euro filter (:mod:`sapiens2.video.smoothing`, here in metres: ``beta`` per m
 ``<name>_motion.glb``, ``<name>_keypoints3d.npz``, ``<name>_keypoints3d.csv`` and
 ``<name>_motion.bvh`` (:mod:`sapiens2.outputs.motion_files`, :mod:`sapiens2.outputs.bvh`).
 
-In a server the two passes are two clip calls (``sapiens2.serving.motion``); one device call
-for both is the next step (issue 36, item 4).
+In a server both passes share one device call (``sapiens2.serving.motion``: one ZeroGPU
+admission; the server decodes, renders and encodes, the call runs only the forwards and the
+detections).
 """
 
 from __future__ import annotations
@@ -73,20 +74,27 @@ class MotionOptions:
 
 class MotionDepth(DepthFrames):
     """The pointmap pass: the depth handler, plus each frame's people lifted to 3D from the pose
-    pass's arrays (``pose``: ``_pose_frames.npz`` as a dict). Picklable (no model, no function)."""
+    pass's arrays (``pose``: ``_pose_frames.npz`` as a dict; or given by :meth:`use_pose` once
+    the pose pass is done, before the first frame is consumed)."""
 
     def __init__(
-        self, pose: Mapping[str, np.ndarray], options: MotionOptions, raw_cap: int = RAW_CAP_BYTES
+        self, pose: Mapping[str, np.ndarray] | None, options: MotionOptions, raw_cap: int = RAW_CAP_BYTES
     ) -> None:
         super().__init__(POINTMAP, {}, raw_cap, (1.0, 99.0))
-        self.pose = {k: np.asarray(pose[k]) for k in ("frame", "track_ids", "boxes", "keypoints_raw")}
+        self.pose: dict[str, np.ndarray] = {}
+        if pose is not None:
+            self.use_pose(pose)
         self.options = options
         self.lifted: list[np.ndarray] = []  # per frame (P, 308, 3), not yet aligned
         self.samples: list[np.ndarray] = []
 
+    def use_pose(self, pose: Mapping[str, np.ndarray]) -> None:
+        """The pose pass's per-frame arrays (frame, track_ids, boxes, keypoints_raw)."""
+        self.pose = {k: np.asarray(pose[k]) for k in ("frame", "track_ids", "boxes", "keypoints_raw")}
+
     def consume(self, k: int, frame: int, time_s: float, rgb: np.ndarray, result: Any) -> np.ndarray | None:
         out = super().consume(k, frame, time_s, rgb, result)
-        if k >= len(self.pose["frame"]) or int(self.pose["frame"][k]) != frame:
+        if k >= len(self.pose.get("frame", ())) or int(self.pose["frame"][k]) != frame:
             raise OptionError(
                 f"The pointmap pass reached frame {frame}, which the pose pass did not process."
             )
@@ -275,11 +283,14 @@ def lifted_arrays_of(result: VideoResult) -> dict[str, np.ndarray]:
 
 
 def finish_motion(
-    pose: VideoResult, pointmap: VideoResult, name: str, options: MotionOptions, t0: float
-) -> MotionResult:
-    """The motion files from the two passes' results, beside the pointmap pass's files."""
+    pose: VideoResult, pointmap: VideoResult, name: str, options: MotionOptions, t0: float,
+    pose_frames: Mapping[str, np.ndarray] | None = None,
+) -> MotionResult:  # fmt: skip
+    """The motion files from the two passes' results, beside the pointmap pass's files
+    (``pose_frames``: the pose pass's arrays when the caller has them, else read from its NPZ)."""
     t1 = time.perf_counter()
-    motion = assemble(pose_arrays_of(pose), lifted_arrays_of(pointmap), options)
+    arrays = pose_arrays_of(pose) if pose_frames is None else pose_frames
+    motion = assemble(arrays, lifted_arrays_of(pointmap), options)
     files = write_motion_files(motion, pointmap.video.parent, name, pointmap.fps, options)
     notices = list(dict.fromkeys([*pose.notices, *pointmap.notices]))
     if not len(motion.ids):

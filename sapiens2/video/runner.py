@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from ..errors import InputImageError, OptionError, Sapiens2Error
 from ..inputs.intake import Intake, load_image
 from ..outputs.export import file_stem, safe_path
 from ..tasks import registry
-from ..tasks.base import run_batch
+from ..tasks.base import finish_batch, prepare_batch
 from ..tasks.registry import Task
 from .exports import RAW_CAP_BYTES
 from .handlers import Detect, DetectMany, FrameHandler, TrackingOptions, handler_class
@@ -126,98 +126,265 @@ class VideoResult:
         }
 
 
-def _batches(frames: Iterator[tuple[int, np.ndarray]], size: int, timing: dict[str, float]) -> Iterator[list]:
-    while True:
-        t0 = time.perf_counter()
-        batch = list(islice(frames, size))
-        timing["decode_s"] += time.perf_counter() - t0
-        if not batch:
-            return
-        yield batch
+class ClipStopped(Exception):
+    """Raised by :class:`Steps` when the device call ends before its work is done (its
+    reservation was about to run out): the frames done are kept, with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
-def _run_batch(
-    stages: Any,
-    infer: Infer,
-    handler: FrameHandler,
-    batch: list,
-    k0: int,
-    fps: float,
-    opts: dict,
-    timing: dict,
-) -> list:
-    """Infer one batch; returns the rendered frames to write now (in order)."""
-    items = []
-    handler.prefetch([(k0 + j, rgb) for j, (_, rgb) in enumerate(batch)])
-    for j, (frame, rgb) in enumerate(batch):
-        frame_opts = handler.options_for(k0 + j, rgb)
-        items.append((frame, rgb, load_image(rgb), frame_opts))
-    todo = [(intake, fo) for _, _, intake, fo in items if fo is not None]
+class Steps(Protocol):
+    """A clip's device work, wherever it runs (this process, or a server's one GPU call): the
+    forwards of prepared batches and the person detections. Nothing else crosses."""
 
-    def timed(preps: list, **options: Any) -> list:
-        t0 = time.perf_counter()
-        raws = list(infer(preps, **options))
-        timing["infer_s"] += time.perf_counter() - t0
-        return raws
+    def stream(
+        self, batches: list[list[Any]], options: Mapping[str, Any], last: bool = False
+    ) -> Iterator[list[Any]]:
+        """Every batch's raws, in order, as each forward is done (batches known in advance).
+        ``last``: no device step follows these (a GPU call may end after them)."""
+        ...
 
-    done = iter(run_batch(stages, [i for i, _ in todo], opts, timed, [fo for _, fo in todo]))
-    out = []
-    for j, (frame, rgb, _, fo) in enumerate(items):
-        result = None if fo is None else next(done)
-        info = getattr(result, "info", None)
-        timing["model_s"] += float(getattr(info, "model_s", 0.0) or 0.0)
-        rendered = handler.consume(k0 + j, frame, frame / fps, rgb, result)
-        if rendered is not None:
-            out.append(rendered)
-    return out
+    def send(self, preps: list[Any], options: Mapping[str, Any], last: bool = False) -> None:
+        """Start one batch's forward; :meth:`receive` gives its raws."""
+        ...
+
+    def receive(self) -> list[Any]: ...
 
 
-def _process(
-    plan: VideoPlan,
-    limits: VideoLimits,
-    stages: Any,
-    infer: Infer,
-    handler: FrameHandler,
-    writers: tuple[VideoWriter, VideoWriter | None],
-    opts: dict,
-    timing: dict,
-    batch_size: int,
-    state: dict[str, Any],
-    budget_s: float | None,
-    take: int | None = None,
-) -> Iterator[int]:
-    """Every batch through the pipeline into the writer (and the frames read into the source
-    writer, when there is one), yielding the frames done after each; ``state`` keeps the frames
-    done and their (w, h), and why the run stopped early (``stopped``): a device error after some
-    frames, or ``budget_s`` (seconds) about to run out."""
-    writer, source = writers
-    t0 = time.perf_counter()
-    frames = iter_frames(plan.info, stride=plan.stride, limits=limits)
-    if take is not None:
-        frames = islice(frames, take)  # the first ``take`` frames (a plan cut to the quota)
-    for batch in _batches(frames, batch_size, timing):
-        done = state["done"]
-        state["size"] = state["size"] if done else (batch[0][1].shape[1], batch[0][1].shape[0])
-        tb = time.perf_counter()
+class LocalSteps:
+    """:class:`Steps` in this process: ``infer`` (default: the pipeline's) called directly."""
+
+    def __init__(self, infer: Infer) -> None:
+        self.infer = infer
+        self._raws: list[Any] = []
+
+    def stream(
+        self, batches: list[list[Any]], options: Mapping[str, Any], last: bool = False
+    ) -> Iterator[list[Any]]:
+        for preps in batches:
+            yield list(self.infer(preps, **options))
+
+    def send(self, preps: list[Any], options: Mapping[str, Any], last: bool = False) -> None:
+        self._raws = list(self.infer(preps, **options))
+
+    def receive(self) -> list[Any]:
+        return self._raws
+
+
+@dataclass
+class _Frame:
+    """One decoded frame on its way through the server: its intake, per-frame options and prep."""
+
+    index: int  # source frame index
+    rgb: np.ndarray
+    intake: Intake | None = None
+    extra: dict[str, Any] | None = None  # per-frame options; None: nothing to infer
+    prep: Any = None
+
+
+class ClipRun:
+    """One clip through a task, in this process except the device steps (:class:`Steps`):
+    decode and prepare, then per batch the forwards (streamed, or sent batch by batch when the
+    frames' options follow the results, as pose's boxes follow its keypoints), finish, render
+    and encode. :func:`iter_video` is the whole run; a server runs :meth:`process` with the
+    steps of its one GPU call (``sapiens2.serving.clip_call``)."""
+
+    def __init__(
+        self, pipe: Any, source: str | Path, out_dir: str | Path, *, task: Task | str | None, stride: int,
+        limits: VideoLimits, batch_size: int, options: Mapping[str, Any] | None, handler: FrameHandler,
+        source_video: bool, name: str | None, take: int | None, budget_s: float | None,
+    ) -> None:  # fmt: skip
+        self.t_start = time.perf_counter()
+        self.decl, self.opts = _checked(task or getattr(pipe, "task", None), batch_size, options)
+        self.plan = _taken(plan_video(source, stride=stride, limits=limits), take)
+        self.limits, self.batch_size, self.take, self.budget_s = limits, batch_size, take, budget_s
+        self.stages, self.handler = staged(pipe), handler
+        self.out, self.stem = Path(out_dir), name or file_stem(self.plan.info.path.name, "clip")
+        self.writer = VideoWriter(safe_path(self.out, self.stem, f"_{self.decl.name}{VIDEO_SUFFIX}"),
+                                  self.plan.fps_out)  # fmt: skip
+        self.source = (
+            VideoWriter(safe_path(self.out, self.stem, f"_source{VIDEO_SUFFIX}"), self.plan.fps_out)
+            if source_video
+            else None
+        )
+        self.timing = {"decode_s": 0.0, "infer_s": 0.0, "model_s": 0.0}
+        self.done, self.size, self.stopped = 0, (0, 0), None
+        self.frames: list[_Frame] | None = None  # all of them, once :meth:`load` ran
+        self.window = batch_size  # frames decoded at a time without :meth:`load`
+        #: this run's device steps are the last of the call (a loaded run tells it so)
+        self.last_steps = True
+
+    @property
+    def independent(self) -> bool:
+        """Whether every frame's prep is known before any result (no per-frame options)."""
+        kind = type(self.handler)
+        return kind.options_for is FrameHandler.options_for and kind.prefetch is FrameHandler.prefetch
+
+    def load(self) -> None:
+        """Decode (and prepare, for a task without per-frame options) every frame now: CPU work
+        a server does before the device call opens. Without it, :meth:`process` decodes
+        ``window`` frames at a time."""
+        self.frames = next(self._windows(None))
+
+    def _windows(self, window: int | None) -> Iterator[list[_Frame]]:
+        """The frames, decoded (and prepared) ``window`` at a time (None: all at once)."""
+        frames = islice(iter_frames(self.plan.info, stride=self.plan.stride, limits=self.limits), self.take)
+        while True:
+            t0 = time.perf_counter()
+            part = [_Frame(i, rgb) for i, rgb in islice(frames, window)]
+            if part and not self.size[0]:
+                self.size = (part[0].rgb.shape[1], part[0].rgb.shape[0])
+            if self.independent:
+                for f in part:
+                    f.intake, f.extra = load_image(f.rgb), {}
+                preps = prepare_batch(self.stages, [f.intake for f in part], self.opts)
+                for f, prep in zip(part, preps, strict=True):
+                    f.prep = prep
+            self.timing["decode_s"] += time.perf_counter() - t0
+            yield part
+            if not part or window is None:
+                return
+
+    def process(self, steps: Steps) -> Iterator[int]:
+        """The clip's batches through ``steps`` and into the videos; yields the frames done
+        after each batch. A device error after some frames, or the device call stopping, keeps
+        the frames done (``stopped`` says why)."""
         try:
-            rendered_frames = _run_batch(stages, infer, handler, batch, done, plan.info.fps, opts, timing)
+            with self.writer, self.source or contextlib.nullcontext():
+                with contextlib.closing(self._work(steps)) as work:
+                    yield from self._kept(work)
+                for rendered in self.handler.deferred():
+                    self.writer.write(rendered)
+                self.video = self.writer.close()
+                self.source_path = self.source.close() if self.source is not None else None
+        except BaseException:
+            for w in (self.writer, self.source):
+                if w is not None:
+                    with contextlib.suppress(OSError):
+                        w.path.unlink(missing_ok=True)  # never leave a half-written video behind
+            raise
+
+    def _work(self, steps: Steps) -> Iterator[int]:
+        loaded = self.frames is not None  # one window: its last step is the run's last
+        windows = iter([self.frames]) if loaded else self._windows(self.window)
+        k0 = 0
+        for frames in windows:
+            size = self.batch_size
+            batches = [frames[a : a + size] for a in range(0, len(frames), size)]
+            each = self._streamed if self.independent else self._sent
+            yield from each(batches, steps, k0, self.last_steps and loaded)
+            k0 += len(frames)
+
+    def _kept(self, work: Iterator[int]) -> Iterator[int]:
+        """``work``'s progress, ending early (frames kept) on a device failure after some frames,
+        the device call stopping, or ``budget_s`` about to pass (a local run's own check)."""
+        t0 = tb = time.perf_counter()
+        try:
+            for done in work:
+                self.done = done
+                yield done
+                now = time.perf_counter()
+                if self.budget_s is not None and (now - t0) + 1.5 * (now - tb) > self.budget_s:
+                    self.stopped = (
+                        f"the GPU time reserved ({self.budget_s:.0f} s of work) was about to run out"
+                    )
+                    return
+                tb = now
+        except ClipStopped as stop:
+            self.stopped = stop.reason
         except (Sapiens2Error, RuntimeError, MemoryError) as err:
-            if not done or isinstance(err, InputImageError):
+            if not self.done or isinstance(err, InputImageError):
                 raise
-            state["stopped"] = f"the device failed ({err})"
-            break
-        for rendered in rendered_frames:
-            writer.write(rendered)
-        for _, rgb in batch if source is not None else ():
-            source.write(rgb)  # type: ignore[union-attr]
-        state["done"] = done + len(batch)
-        yield state["done"]
-        now = time.perf_counter()
-        if budget_s is not None and (now - t0) + 1.5 * (now - tb) > budget_s:
-            state["stopped"] = f"the GPU time reserved ({budget_s:.0f} s of work) was about to run out"
-            break
-    for rendered in handler.deferred():
-        writer.write(rendered)
+            self.stopped = f"the device failed ({err})"
+
+    def _streamed(self, batches: list[list[_Frame]], steps: Steps, k0: int, last: bool) -> Iterator[int]:
+        """Frames prepared in advance: every batch's forward streamed, each finished as it comes."""
+        raws_in = steps.stream([[f.prep for f in b] for b in batches], self.opts, last)
+        for batch in batches:
+            t0 = time.perf_counter()
+            raws = next(raws_in)
+            self.timing["infer_s"] += time.perf_counter() - t0
+            self._encode(self._finish(batch, raws, k0))
+            k0 += len(batch)
+            yield k0
+
+    def _sent(self, batches: list[list[_Frame]], steps: Steps, k0: int, last: bool) -> Iterator[int]:
+        """Frames whose options follow the results: per batch, the options (pose: detections,
+        tracker), the preps, the forward; the previous batch is encoded while it runs."""
+        pending: list[tuple[_Frame, Any]] = []
+        try:
+            for n, batch in enumerate(batches, 1):
+                self.handler.prefetch([(k0 + j, f.rgb) for j, f in enumerate(batch)])
+                for j, f in enumerate(batch):
+                    f.intake, f.extra = load_image(f.rgb), self.handler.options_for(k0 + j, f.rgb)
+                todo = [f for f in batch if f.extra is not None]
+                preps = prepare_batch(
+                    self.stages, [f.intake for f in todo], self.opts, [f.extra for f in todo]
+                )
+                t0 = time.perf_counter()
+                steps.send(preps, self.opts, last and n == len(batches))
+                self._encode(pending)  # while the forward runs
+                pending = []
+                raws = steps.receive()
+                self.timing["infer_s"] += time.perf_counter() - t0
+                pending = self._finish(batch, raws, k0)
+                k0 += len(batch)
+                yield k0
+        finally:
+            self._encode(pending)  # the last batch, or the frames done before a stop
+
+    def _finish(self, batch: list[_Frame], raws: list[Any], k0: int) -> list[tuple[_Frame, Any]]:
+        """A batch's results from its raws, consumed in order by the handler: (frame, rendered
+        frame or None) to write."""
+        todo = [f for f in batch if f.extra is not None]
+        done = iter(
+            finish_batch(self.stages, raws, [f.intake for f in todo], self.opts, [f.extra for f in todo])
+        )
+        fps, out = self.plan.info.fps, []
+        for j, f in enumerate(batch):
+            result = None if f.extra is None else next(done)
+            info = getattr(result, "info", None)
+            self.timing["model_s"] += float(getattr(info, "model_s", 0.0) or 0.0)
+            out.append((f, self.handler.consume(k0 + j, f.index, f.index / fps, f.rgb, result)))
+            f.intake = f.prep = None  # done: release the frame's copies
+        return out
+
+    def _encode(self, frames: list[Any]) -> None:
+        for f, rendered in frames:
+            if rendered is not None:
+                self.writer.write(rendered)
+            if self.source is not None:
+                self.source.write(f.rgb)
+            f.rgb = f.rgb[:0]  # written: release the frame
+
+    def result(self) -> VideoResult:
+        """The :class:`VideoResult` of a processed clip: the downloads written, the notices."""
+        files = [
+            self.video,
+            *self.handler.exports(self.out, self.stem, fps=self.plan.fps_out, size=self.size),
+        ]
+        self.timing["total_s"] = time.perf_counter() - self.t_start
+        notices = _notices(self.plan, self.size, self.handler)
+        if self.stopped:
+            planned = "" if self.plan.frames is None else f" of {self.plan.frames}"
+            notices.insert(0, f"Only the first {self.done}{planned} frames were processed: {self.stopped}.")
+        return VideoResult(
+            task=self.decl.name, video=self.video, files=files, source=self.plan.info, frames=self.done,
+            fps=self.plan.fps_out, size=self.size, codec=self.writer.codec or "", notices=notices,
+            timing=self.timing, source_video=self.source_path,
+            details={**self.handler.summary(), **({"stopped": self.stopped} if self.stopped else {})},
+        )  # fmt: skip
+
+
+def _taken(plan: VideoPlan, take: int | None) -> VideoPlan:
+    """The plan cut to its first ``take`` frames (a plan cut to the quota)."""
+    if take is None:
+        return plan
+    if isinstance(take, bool) or not isinstance(take, int) or take < 1:
+        raise OptionError(f"take must be a whole number of frames >= 1, got {take!r}.")
+    return VideoPlan(plan.info, plan.stride, take if plan.frames is None else min(plan.frames, take))
 
 
 def run_video(pipe: Any, source: str | Path, out_dir: str | Path, **kwargs: Any) -> VideoResult:
@@ -234,7 +401,7 @@ def run_video(pipe: Any, source: str | Path, out_dir: str | Path, **kwargs: Any)
     return result
 
 
-def iter_video(
+def clip_run(
     pipe: Any,
     source: str | Path,
     out_dir: str | Path,
@@ -249,13 +416,27 @@ def iter_video(
     detect: Detect | None = None,
     depth_percentiles: tuple[float, float] = (1.0, 99.0),
     raw_cap_bytes: int = RAW_CAP_BYTES,
-    infer: Infer | None = None,
     detect_many: DetectMany | None = None,
     source_video: bool = False,
     name: str | None = None,
     budget_s: float | None = None,
     take: int | None = None,
     handler: FrameHandler | None = None,
+) -> ClipRun:
+    """A checked :class:`ClipRun` (see :func:`iter_video` for the arguments); nothing decoded yet."""
+    decl, opts = _checked(task or getattr(pipe, "task", None), batch_size, options)
+    handler = handler or handler_class(decl).build(
+        decl, pipe, opts, render_options or {}, detect=detect, detect_many=detect_many, tracking=tracking,
+        raw_cap=raw_cap_bytes, depth_percentiles=depth_percentiles,
+    )  # fmt: skip
+    return ClipRun(
+        pipe, source, out_dir, task=decl, stride=stride, limits=limits, batch_size=batch_size, options=opts,
+        handler=handler, source_video=source_video, name=name, take=take, budget_s=budget_s,
+    )  # fmt: skip
+
+
+def iter_video(
+    pipe: Any, source: str | Path, out_dir: str | Path, *, infer: Infer | None = None, **kwargs: Any
 ) -> Iterator[tuple[int, int | None] | VideoResult]:
     """Run ``pipe`` (a task pipeline) on every ``stride``-th frame of the clip at ``source``,
     yielding ``(frames done, frames planned)`` after every batch, then the :class:`VideoResult`.
@@ -267,66 +448,22 @@ def iter_video(
     ``options``: the task's inference options, passed to prepare/infer/finish (pose: flip_test,
     score_threshold, max_people for the detector; normal: remove_background; pointmap:
     use_segmentation). ``render_options``: pose: threshold, show_face, body_only, show_boxes,
-    show_ids; seg/normal/matting: their result's ``render`` options. ``progress(done, planned)``
-    after every batch. ``infer``: runs a batch's device work instead of ``pipe.infer`` (e.g. a
-    ZeroGPU function taking the picklable preps; ``detect`` is pose's other device hook, and
-    ``detect_many(rgbs)`` detects all of a batch's detection frames in one call instead).
-    ``source_video``: also write the frames read (after stride and downscaling) as
-    ``<name>_source.webm`` (``VideoResult.source_video``), for a side-by-side view that plays.
-    ``handler``: the frame handler to use instead of the one the task's declaration names (a
-    caller that needs more of each frame, e.g. :mod:`sapiens2.video.motion`).
+    show_ids; seg/normal/matting: their result's ``render`` options. ``infer``: runs a batch's
+    device work instead of ``pipe.infer`` (e.g. a function taking the picklable preps;
+    ``detect`` is pose's other device hook, and ``detect_many(rgbs)`` detects all of a batch's
+    detection frames in one call instead). ``source_video``: also write the frames read (after
+    stride and downscaling) as ``<name>_source.webm`` (``VideoResult.source_video``), for a
+    side-by-side view that plays. ``handler``: the frame handler to use instead of the one the
+    task's declaration names (a caller that needs more of each frame, e.g.
+    :mod:`sapiens2.video.motion`). ``depth_percentiles``, ``raw_cap_bytes``, ``tracking``,
+    ``batch_size`` (frames per forward), ``name`` (the files' stem): as named.
     Writes ``<name>_<task>.webm`` and the downloads into ``out_dir``.
     Raises InputVideoError (bad clip, limits), OptionError, VideoEncodeError.
     """
-    t_start = time.perf_counter()
-    decl, opts = _checked(task or getattr(pipe, "task", None), batch_size, options)
-    task = decl.name
-    plan = plan_video(source, stride=stride, limits=limits)
-    if take is not None:
-        if isinstance(take, bool) or not isinstance(take, int) or take < 1:
-            raise OptionError(f"take must be a whole number of frames >= 1, got {take!r}.")
-        plan = VideoPlan(plan.info, plan.stride, take if plan.frames is None else min(plan.frames, take))
-    stages = staged(pipe)
-    handler = handler or handler_class(decl).build(
-        decl, pipe, opts, render_options or {}, detect=detect, detect_many=detect_many, tracking=tracking,
-        raw_cap=raw_cap_bytes, depth_percentiles=depth_percentiles,
-    )  # fmt: skip
-    out = Path(out_dir)
-    stem = name or file_stem(plan.info.path.name, "clip")
-    writer = VideoWriter(safe_path(out, stem, f"_{task}{VIDEO_SUFFIX}"), plan.fps_out)
-    source = (
-        VideoWriter(safe_path(out, stem, f"_source{VIDEO_SUFFIX}"), plan.fps_out) if source_video else None
-    )
-    timing = {"decode_s": 0.0, "infer_s": 0.0, "model_s": 0.0}
-    state: dict[str, Any] = {"done": 0, "size": (0, 0), "stopped": None}
-    try:
-        with writer, source or contextlib.nullcontext():
-            for done in _process(
-                plan, limits, stages, infer or stages.infer, handler, (writer, source), opts, timing,
-                batch_size, state, budget_s, take,
-            ):  # fmt: skip
-                yield done, plan.frames
-            video = writer.close()
-            source_path = source.close() if source is not None else None
-    except BaseException:
-        for w in (writer, source):
-            if w is not None:
-                with contextlib.suppress(OSError):
-                    w.path.unlink(missing_ok=True)  # never leave a half-written video behind
-        raise
-    done, size = state["done"], state["size"]
-    files = [video, *handler.exports(out, stem, fps=plan.fps_out, size=size)]
-    timing["total_s"] = time.perf_counter() - t_start
-    notices = _notices(plan, size, handler)
-    if state["stopped"]:
-        planned = "" if plan.frames is None else f" of {plan.frames}"
-        notices.insert(0, f"Only the first {done}{planned} frames were processed: {state['stopped']}.")
-    yield VideoResult(
-        task=task, video=video, files=files, source=plan.info, frames=done, fps=plan.fps_out,
-        size=size, codec=writer.codec or "", notices=notices, timing=timing,
-        details={**handler.summary(), **({"stopped": state["stopped"]} if state["stopped"] else {})},
-        source_video=source_path,
-    )  # fmt: skip
+    run = clip_run(pipe, source, out_dir, **kwargs)
+    for done in run.process(LocalSteps(infer or run.stages.infer)):
+        yield done, run.plan.frames
+    yield run.result()
 
 
 #: Byte patterns of an audio track: MP4/MOV's sound handler ("hdlr" box, then "soun") and the
