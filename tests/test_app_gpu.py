@@ -128,10 +128,23 @@ class DeviceWatch:
         try:
             self.before()
             time.sleep(0.3)  # long enough for any other admitted run to overlap
-            return iter(list(self.real(*args)))  # the entry streams: run it all inside the watch
+            outputs = self.real(*args)
+        except BaseException:
+            self.done()
+            raise
+        return self.stream(outputs)
+
+    def stream(self, outputs: Any) -> Any:
+        """The call's outputs as the entry streams them, lazily: a clip's call takes the server's
+        next jobs while it runs, so reading it all first would wait for jobs never sent."""
+        try:
+            yield from outputs
         finally:
-            with self.lock:
-                self.active -= 1
+            self.done()
+
+    def done(self) -> None:
+        with self.lock:
+            self.active -= 1
 
 
 # ----------------------------------------------------------------------------- concurrency

@@ -162,7 +162,8 @@ def person_boxes(
 # ----------------------------------------------------------------------------- checks
 
 
-def _check_options(score_threshold: float, iou_threshold: float, max_people: int) -> None:
+def check_options(score_threshold: float, iou_threshold: float = 0.3, max_people: int = 20) -> None:
+    """The detection options checked (OptionError naming the allowed values)."""
     for name, value in (("score_threshold", score_threshold), ("iou_threshold", iou_threshold)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
             raise OptionError(f"{name} must be a number in [0, 1]; got {value!r}.")
@@ -361,7 +362,7 @@ class PersonDetector:
         iou_threshold: float = 0.3,
         max_people: int = 20,
     ) -> Detections:
-        _check_options(score_threshold, iou_threshold, max_people)
+        check_options(score_threshold, iou_threshold, max_people)
         boxes, scores = self.raw(image)
         return _finalize(image, boxes, scores, score_threshold, iou_threshold, max_people)
 
@@ -486,7 +487,7 @@ def detect_people(
     and at most ``max_people`` kept (a notice says how many were found). Nobody found: whole image.
     """
     image = _check_image(image)
-    _check_options(score_threshold, iou_threshold, max_people)
+    check_options(score_threshold, iou_threshold, max_people)
     h, w = image.shape[:2]
 
     if boxes is not None:

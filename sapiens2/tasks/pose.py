@@ -171,7 +171,10 @@ class PosePipeline(Pipeline):
         ``flip_test``) in as few forwards as the device's memory allows (one unless the batch is
         crowded: :meth:`_all_keypoints`), decoded on the device; keypoints in working-copy px.
         ``input_hw``: the crop size ``prepare`` was given."""
+        from ..inputs.detector import check_options
+
         flip = self._flip_test(flip_test)
+        check_options(score_threshold, max_people=max_people)  # also where prepare found the people
         hw = self.input_size(input_hw)
         info = self.run_info()
         found = [self._people(p, score_threshold, max_people) for p in batch]
