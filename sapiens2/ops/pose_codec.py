@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import overload
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -40,18 +41,55 @@ def _band(n: int, g: torch.Tensor) -> torch.Tensor:
     return torch.where((d >= 0) & (d < len(g)), g[d.clamp(0, len(g) - 1)], 0.0)
 
 
-def blur_keep_max(maps: torch.Tensor, kernel: int = 11) -> torch.Tensor:
-    """(M, H, W) float32 -> Gaussian-blurred with a zero border, each map rescaled to its own max.
+def _blur(maps: torch.Tensor, kernel: int) -> torch.Tensor:
+    """(M, H, W) float32 -> Gaussian-blurred with a zero border (no rescale).
 
-    The blur is two banded matrix products (fast on every device, exact zero border).
+    On the CPU the release's own ``cv2.GaussianBlur`` (bit for bit the release's values), all maps
+    in one call: stacked with ``kernel // 2`` zero rows after each, so no map reaches another, and
+    a zero constant border. Elsewhere two banded matrix products (fast on a GPU, exact zero border).
     """
     m, h, w = maps.shape
+    if maps.device.type == "cpu":
+        r = kernel // 2
+        stack = np.zeros((m, h + r, w), np.float32)
+        stack[:, :h] = maps.detach().numpy()
+        out = cv2.GaussianBlur(stack.reshape(-1, w), (kernel, kernel), 0, borderType=cv2.BORDER_CONSTANT)
+        return torch.from_numpy(out.reshape(m, h + r, w)[:, :h])
     g = _gaussian_1d(kernel, maps.device)
-    x = _band(h, g) @ maps @ _band(w, g).T
-    before = maps.reshape(m, -1).amax(1)
-    after = x.reshape(m, -1).amax(1)
-    ratio = torch.where(after != 0, before / torch.where(after != 0, after, 1.0), 1.0)
-    return x * ratio[:, None, None]
+    return _band(h, g) @ maps @ _band(w, g).T
+
+
+def _max_ratio(maps: torch.Tensor, blurred: torch.Tensor) -> torch.Tensor:
+    """(M,) factors that bring each blurred map's maximum back to its map's (1 where it is 0)."""
+    before = maps.reshape(len(maps), -1).amax(1)
+    after = blurred.reshape(len(maps), -1).amax(1)
+    return torch.where(after != 0, before / torch.where(after != 0, after, 1.0), 1.0)
+
+
+def blur_keep_max(maps: torch.Tensor, kernel: int = 11) -> torch.Tensor:
+    """(M, H, W) float32 -> Gaussian-blurred with a zero border, each map rescaled to its own max."""
+    x = _blur(maps, kernel)
+    return x * _max_ratio(maps, x)[:, None, None]
+
+
+def _exact_log3(
+    maps: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, kernel: int, chunk: int = 512
+) -> torch.Tensor:
+    """The release's log of the blurred, max-rescaled map clamped to [1e-3, 50], at the 3x3 around
+    (xi, yi) of each map (replicate beyond the map): (M, 3, 3). Whole maps are blurred (the
+    rescale needs each blurred map's maximum), ``chunk`` maps at a time to bound the memory;
+    only the nine values are rescaled, clamped and logged."""
+    m, h, w = maps.shape
+    ar = torch.arange(-1, 2, device=maps.device)
+    out = []
+    for s in range(0, m, chunk):
+        part = maps[s : s + chunk]
+        full = _blur(part, kernel)
+        rows = (yi[s : s + chunk, None] + ar).clamp(0, h - 1)[:, :, None]
+        cols = (xi[s : s + chunk, None] + ar).clamp(0, w - 1)[:, None, :]
+        v = full[torch.arange(len(part), device=maps.device)[:, None, None], rows, cols]
+        out.append((v * _max_ratio(part, full)[:, None, None]).clamp_(1e-3, 50.0).log_())
+    return torch.cat(out)
 
 
 def _blur_3x3(maps: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -115,10 +153,20 @@ def decode_checked(heatmaps: torch.Tensor, blur_kernel: int = 11) -> tuple[torch
     return _decode(heatmaps.detach().float(), blur_kernel)
 
 
+def _argmax(flat_maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, h*w) -> each row's maximum and the index of its first maximum (a NaN counts as the
+    maximum). On the CPU numpy's vectorised argmax (torch's ``max(dim)`` there is many times
+    slower), the same first index."""
+    if flat_maps.device.type != "cpu":
+        return flat_maps.max(dim=1)
+    flat = torch.from_numpy(np.ascontiguousarray(flat_maps.numpy().argmax(1)))
+    return flat_maps.gather(1, flat[:, None])[:, 0], flat
+
+
 def _decode(hm: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     n, k, h, w = hm.shape
     maps = hm.reshape(n * k, h, w)
-    scores, flat = maps.reshape(n * k, -1).max(dim=1)  # first maximum, as numpy's argmax
+    scores, flat = _argmax(maps.reshape(n * k, -1))
     bad = torch.nonzero(~torch.isfinite(scores)).flatten()
     if len(bad):  # NaN/inf in a map (max propagates them): count them as 0, in those maps only
         maps = maps.clone()
@@ -137,11 +185,7 @@ def _decode(hm: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor, 
     slow = valid & ((b3.reshape(-1, 9).amin(1) < 1e-3) | (scores > 50.0))
     ids = torch.nonzero(slow).flatten()
     if len(ids):  # weak or huge maps: the full blur, exactly as the release does it
-        full = blur_keep_max(maps[ids], kernel).clamp_(1e-3, 50.0).log_()
-        ar = torch.arange(-1, 2, device=hm.device)
-        rows = (yi[ids, None] + ar).clamp(0, h - 1)[:, :, None]
-        cols = (xi[ids, None] + ar).clamp(0, w - 1)[:, None, :]
-        log3[ids] = full[torch.arange(len(ids), device=hm.device)[:, None, None], rows, cols]
+        log3[ids] = _exact_log3(maps[ids], xi[ids], yi[ids], kernel)
 
     # the Newton step in float64 (the release inverts the Hessian in float64 too)
     wide = torch.float32 if hm.device.type == "mps" else torch.float64
@@ -209,7 +253,9 @@ def decode_crops(
         )
     p = heatmaps.shape[0] // 2 if flip_test else heatmaps.shape[0]
     # maps holding NaN/inf, per crop (the decoder treats those values as 0)
-    bad = (~torch.isfinite(heatmaps)).flatten(2).any(-1).sum(1)
+    # (a map's max is NaN or +inf, or its min -inf; amin/amax are one vectorised pass each)
+    maps = heatmaps.flatten(2)
+    bad = (~(torch.isfinite(maps.amax(-1)) & torch.isfinite(maps.amin(-1)))).sum(1)
     if flip_test:
         bad = bad[:p] + bad[p:]
         heatmaps = merge_flip(heatmaps[:p], heatmaps[p:], FLIP_INDEX)
