@@ -59,37 +59,46 @@ def _blur(maps: torch.Tensor, kernel: int) -> torch.Tensor:
     return _band(h, g) @ maps @ _band(w, g).T
 
 
-def _max_ratio(maps: torch.Tensor, blurred: torch.Tensor) -> torch.Tensor:
-    """(M,) factors that bring each blurred map's maximum back to its map's (1 where it is 0)."""
-    before = maps.reshape(len(maps), -1).amax(1)
-    after = blurred.reshape(len(maps), -1).amax(1)
+def _max_ratio(before: torch.Tensor, blurred: torch.Tensor) -> torch.Tensor:
+    """(M,) factors that bring each blurred map's maximum back to ``before`` (the map's own
+    maximum; 1 where the blurred maximum is 0)."""
+    after = blurred.reshape(len(blurred), -1).amax(1)
     return torch.where(after != 0, before / torch.where(after != 0, after, 1.0), 1.0)
 
 
 def blur_keep_max(maps: torch.Tensor, kernel: int = 11) -> torch.Tensor:
     """(M, H, W) float32 -> Gaussian-blurred with a zero border, each map rescaled to its own max."""
     x = _blur(maps, kernel)
-    return x * _max_ratio(maps, x)[:, None, None]
+    return x * _max_ratio(maps.reshape(len(maps), -1).amax(1), x)[:, None, None]
 
 
 def _exact_log3(
-    maps: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, kernel: int, chunk: int = 512
+    maps: torch.Tensor,
+    ids: torch.Tensor,
+    xi: torch.Tensor,
+    yi: torch.Tensor,
+    before: torch.Tensor,
+    kernel: int,
 ) -> torch.Tensor:
-    """The release's log of the blurred, max-rescaled map clamped to [1e-3, 50], at the 3x3 around
-    (xi, yi) of each map (replicate beyond the map): (M, 3, 3). Whole maps are blurred (the
-    rescale needs each blurred map's maximum), ``chunk`` maps at a time to bound the memory;
-    only the nine values are rescaled, clamped and logged."""
+    """The release's log of the blurred map, rescaled to ``before`` (each map's maximum) and
+    clamped to [1e-3, 50], at the 3x3 around (xi, yi) of the maps ``ids`` (replicate beyond the
+    map): (len(ids), 3, 3); ``xi``, ``yi``, ``before`` are those maps'. Whole maps are blurred
+    (the rescale needs each blurred map's maximum), a chunk at a time: on the CPU about 1 MiB of
+    maps, so a chunk's blur, maximum and nine values are read while it is still in the core's
+    cache (twice as fast as all maps at once); only the nine values are rescaled, clamped and
+    logged."""
     m, h, w = maps.shape
+    chunk = max(1, (1 << 18 if maps.device.type == "cpu" else 1 << 26) // ((h + kernel // 2) * w))
     ar = torch.arange(-1, 2, device=maps.device)
+    rows = (yi[:, None] + ar).clamp(0, h - 1)[:, :, None]
+    cols = (xi[:, None] + ar).clamp(0, w - 1)[:, None, :]
     out = []
-    for s in range(0, m, chunk):
-        part = maps[s : s + chunk]
-        full = _blur(part, kernel)
-        rows = (yi[s : s + chunk, None] + ar).clamp(0, h - 1)[:, :, None]
-        cols = (xi[s : s + chunk, None] + ar).clamp(0, w - 1)[:, None, :]
-        v = full[torch.arange(len(part), device=maps.device)[:, None, None], rows, cols]
-        out.append((v * _max_ratio(part, full)[:, None, None]).clamp_(1e-3, 50.0).log_())
-    return torch.cat(out)
+    for s in range(0, len(ids), chunk):
+        full = _blur(maps[ids[s : s + chunk]], kernel)
+        k = len(full)
+        nine = full[torch.arange(k, device=maps.device)[:, None, None], rows[s : s + k], cols[s : s + k]]
+        out.append(nine * _max_ratio(before[s : s + k], full)[:, None, None])
+    return torch.cat(out).clamp_(1e-3, 50.0).log_()
 
 
 def _blur_3x3(maps: torch.Tensor, xi: torch.Tensor, yi: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -185,7 +194,7 @@ def _decode(hm: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor, 
     slow = valid & ((b3.reshape(-1, 9).amin(1) < 1e-3) | (scores > 50.0))
     ids = torch.nonzero(slow).flatten()
     if len(ids):  # weak or huge maps: the full blur, exactly as the release does it
-        log3[ids] = _exact_log3(maps[ids], xi[ids], yi[ids], kernel)
+        log3[ids] = _exact_log3(maps, ids, xi[ids], yi[ids], scores[ids], kernel)
 
     # the Newton step in float64 (the release inverts the Hessian in float64 too)
     wide = torch.float32 if hm.device.type == "mps" else torch.float64
