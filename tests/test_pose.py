@@ -17,6 +17,7 @@ from sapiens2.data.metadata import COCO17_NAMES, FLIP_INDEX, KEYPOINT_NAMES, NUM
 from sapiens2.errors import OptionError
 from sapiens2.models.nn.outputs import PoseOutput
 from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
+from sapiens2.ops import pose_codec
 from sapiens2.ops.pose_codec import heatmap_to_crop
 from sapiens2.ops.pose_crops import apply_affine, box_to_center_scale, inverse_warp_matrix, warp_matrix
 from sapiens2.tasks import pipeline, pipeline_class, registry
@@ -91,6 +92,39 @@ def test_equal_to_the_release_codec_including_weak_and_edge_peaks() -> None:
     ref_kp, ref_sc = release_decode(hm)
     assert np.array_equal(sc, ref_sc)
     assert np.abs(kp - ref_kp).max() < 1e-3
+
+
+def test_weak_maps_take_the_release_s_own_blur() -> None:
+    """Maps whose 3x3 around the peak is weak (the clamp at 1e-3 bites: the whole map is blurred,
+    in cache-sized chunks): on the CPU that blur is the release's cv2.GaussianBlur itself, so
+    the keypoints equal the per-map transcription to float rounding of the Newton step."""
+    rng = np.random.default_rng(4)
+    centers = rng.uniform([2, 2], [93, 125], size=(2, 40, 2))  # 80 maps of 128x96: several chunks
+    amp = rng.uniform(2e-4, 3e-3, size=(2, 40))
+    hm = gaussians(centers, (128, 96), 2.0, amp) + rng.normal(0, 2e-4, (2, 40, 128, 96)).astype(np.float32)
+    kp, sc = decode_heatmaps(hm)
+    ref_kp, ref_sc = release_decode(hm)
+    assert np.array_equal(sc, ref_sc)
+    assert np.abs(kp - ref_kp).max() < 1e-4
+
+
+def test_the_gpu_s_banded_blur_equals_the_cpu_s_cv2_blur() -> None:
+    maps = torch.from_numpy(np.random.default_rng(5).normal(size=(7, 40, 30)).astype(np.float32))
+    for kernel in (3, 11):
+        band, cv = pose_codec._blur(maps, kernel, use_cv2=False), pose_codec._blur(maps, kernel, use_cv2=True)
+        assert torch.allclose(band, cv, atol=1e-6), (band - cv).abs().max()
+
+
+def test_non_finite_heatmaps_are_counted_per_crop_with_and_without_flip() -> None:
+    hm = torch.from_numpy(
+        np.random.default_rng(6).uniform(0, 1, (4, NUM_KEYPOINTS, 16, 12)).astype(np.float32)
+    )
+    hm[0, 3, 2, 2], hm[0, 4, 1, 1] = float("nan"), float("-inf")  # -inf alone: max stays finite
+    hm[1, 7, 0, 0] = float("inf")
+    hm[2, 9, 5, 5], hm[2, 9, 6, 6] = float("inf"), float("-inf")
+    want = (~torch.isfinite(hm)).flatten(2).any(-1).sum(1)
+    assert pose_codec.decode_crops(hm, False, (64, 48))[2].tolist() == want.tolist() == [2, 1, 1, 0]
+    assert pose_codec.decode_crops(hm, True, (64, 48))[2].tolist() == [3, 1]
 
 
 def test_flat_and_negative_maps_score_at_most_zero_without_nan() -> None:

@@ -196,17 +196,21 @@ def draw_pose(
     visible &= _drawable_mask(show_face, body_only)[None]
     radii = np.full(NUM_KEYPOINTS, radius << _SHIFT, dtype=np.int64)
     radii[KEYPOINT_GROUPS["face"]] = max(1, radius // 2) << _SHIFT
-    pts = _fixed_point(kp)
     if boxes is not None:
         _draw_boxes(canvas, boxes, max(1, thickness // 2))
+    # plain Python values for cv2's calls (per-element numpy access costs more than the drawing)
+    pts, seen, radii_px = _fixed_point(kp).tolist(), visible.tolist(), radii.tolist()
     for p in range(kp.shape[0]):
+        at, on = pts[p], seen[p]
         for i, j, color in SKELETON:
-            if visible[p, i] and visible[p, j]:
-                cv2.line(canvas, tuple(pts[p, i]), tuple(pts[p, j]), color, thickness, cv2.LINE_AA, _SHIFT)
-        for k in np.flatnonzero(visible[p]):
-            color = tuple(int(c) for c in KEYPOINT_COLORS[k])
-            cv2.circle(canvas, tuple(pts[p, k]), int(radii[k]), color, -1, cv2.LINE_AA, _SHIFT)
+            if on[i] and on[j]:
+                cv2.line(canvas, at[i], at[j], color, thickness, cv2.LINE_AA, _SHIFT)
+        for k in np.flatnonzero(visible[p]).tolist():
+            cv2.circle(canvas, at[k], radii_px[k], _POINT_COLORS[k], -1, cv2.LINE_AA, _SHIFT)
     return canvas
+
+
+_POINT_COLORS = [tuple(int(c) for c in rgb) for rgb in KEYPOINT_COLORS]  # cv2 colours, made once
 
 
 def _draw_boxes(canvas: np.ndarray, boxes: Any, thickness: int) -> None:

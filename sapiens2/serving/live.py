@@ -214,7 +214,8 @@ class _Setup:
     infer_opts: dict[str, Any]
     render_opts: dict[str, Any]  # every rendering option, defaults filled in
     given: dict[str, Any]  # the rendering options the viewer gave
-    seconds: int  # what a frame's call reserves (models/cost.py)
+    seconds: int = 0  # what a frame's call reserves (models/cost.py); 0: not priced yet
+    detect_seconds: int = 0  # what a detection call reserves
     people: PoseTracking | None = None
     scale: DepthScale | None = None
 
@@ -242,7 +243,18 @@ class LiveSession:
     # -- options ---------------------------------------------------------------------------
 
     def resolve(self, options: LiveOptions) -> _Setup:
-        """Check ``options`` (OptionError naming the bad one) into what a frame needs."""
+        """Check ``options`` (OptionError naming the bad one) into what a frame needs, priced."""
+        return self._price(self._checked(options))
+
+    def _price(self, setup: _Setup) -> _Setup:
+        """The reservations of the setup's device calls (:mod:`sapiens2.models.cost`). They walk
+        the resident models' weights (a millisecond a frame), so a stream prices each choice once,
+        with its models loaded (:meth:`step`), and keeps the prices while the choice stands."""
+        setup.seconds = frame_seconds(self.manager, setup.decl, setup.size, setup.infer_opts)
+        setup.detect_seconds = cost.reservation(cost.detect_seconds(1), self.manager.resident_bytes())
+        return setup
+
+    def _checked(self, options: LiveOptions) -> _Setup:
         decl = options.task
         if not isinstance(decl, Task) or decl.video is None:
             names = ", ".join(t.name for t in self.manager.video_tasks().values())
@@ -264,11 +276,10 @@ class LiveSession:
         key = (decl, size, hw, infer_opts.get("flip_test"), options.tracking)
         given = {k: render_opts[k] for k in values if k in render_opts}
         label = self.manager.key(decl, size)[1]
-        seconds = frame_seconds(self.manager, decl, size, infer_opts)
-        return _Setup(key, decl, size, label, hw, note, infer_opts, render_opts, given, seconds)
+        return _Setup(key, decl, size, label, hw, note, infer_opts, render_opts, given)
 
     def _configure(self, options: LiveOptions, at: float) -> _Setup:
-        setup = self.resolve(options)
+        setup = self._checked(options)
         restart = self._last_done is not None and at - self._last_done > RESTART_AFTER_S
         if self._setup is None or setup.key != self._setup.key or restart:
             kind = setup.decl.video.handler if setup.decl.video else "frames"
@@ -280,6 +291,8 @@ class LiveSession:
             self.stats, self._k = LiveStats(), 0
         else:  # same model and stream: keep the tracks and the colour scale, take the new rendering
             setup.people, setup.scale = self._setup.people, self._setup.scale
+            if repr(sorted(setup.infer_opts.items())) == repr(sorted(self._setup.infer_opts.items())):
+                setup.seconds, setup.detect_seconds = self._setup.seconds, self._setup.detect_seconds
         self._setup = setup
         return setup
 
@@ -309,6 +322,8 @@ class LiveSession:
             opts["input_hw"] = setup.hw
         with stages.timed("load"):
             held = self.manager.prepare(decl, size, **setup.infer_opts)  # a cache hit, after the first
+            if not setup.seconds:
+                self._price(setup)
         with self.manager.holding(held):
             pipe = self.manager.get(decl, size)
             with stages.timed("people"):
@@ -356,10 +371,8 @@ class LiveSession:
         if setup.people.detects(self._k):
             if setup.decl.video is None or setup.decl.video.detect is None:
                 raise OptionError(f"The {setup.decl.api_name} task has no person detection for live video.")
-            seconds = cost.reservation(cost.detect_seconds(1), self.manager.resident_bytes())
-            [[found]] = self.device(
-                OneTask(Detect(setup.decl, setup.size, (rgb,), setup.infer_opts), seconds)
-            )
+            unit = OneTask(Detect(setup.decl, setup.size, (rgb,), setup.infer_opts), setup.detect_seconds)
+            [[found]] = self.device(unit)
         return setup.people.people(self._k, rgb, found)
 
     def _render(
