@@ -14,13 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chromium import CHROMIUM, playwright_or_skip  # noqa: E402
 from motion_synth import walker
 from video_clips import write_clip
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip("Debian's chromium is not installed at /usr/bin/chromium.", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+sync_api = playwright_or_skip()
 gr = pytest.importorskip("gradio")
 
 from sapiens2.outputs.motion_files import write_motion_glb  # noqa: E402

@@ -21,16 +21,9 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip(
-        "Debian's chromium is not installed at /usr/bin/chromium (apt-get install chromium; "
-        "Playwright cannot download its own browser here).",
-        allow_module_level=True,
-    )
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
-)
+from chromium import CHROMIUM, playwright_or_skip  # noqa: E402
+
+sync_api = playwright_or_skip()
 expect = sync_api.expect
 
 import app  # noqa: E402

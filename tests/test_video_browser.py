@@ -13,18 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chromium import CHROMIUM, playwright_or_skip  # noqa: E402
 from video_clips import write_clip
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip(
-        "Debian's chromium is not installed at /usr/bin/chromium (apt-get install chromium; "
-        "Playwright cannot download its own browser here).",
-        allow_module_level=True,
-    )
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
-)
+sync_api = playwright_or_skip()
 
 from test_video_runner import FakeDense  # noqa: E402
 
