@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,46 +31,13 @@ from . import pose_3d
 from .base import Pipeline, RunInfo
 from .options import Option
 from .pose_result import KEYPOINT_FORMATS, PoseResult
+from .pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw
 from .registry import Switch, Task, Video, View
 
 if TYPE_CHECKING:
     from ..inputs.detector import Detections
 
 __all__ = ["PosePipeline", "PosePrep", "PoseRaw", "PoseResult", "decode_heatmaps", "flip_back", "merge_flip"]
-
-
-@dataclass
-class PosePrep:
-    """One photo's input to the device step (small and picklable: uint8 pixels, no model data).
-
-    Without boxes: the working copy, and the device step runs the detector. With ``boxes``
-    (P, 4, working-copy pixels: the caller's, or the whole photo's when the pipeline has no
-    detector): the release's uint8 person crops made here when they are smaller than the working
-    copy (a large photo), else the working copy.
-    """
-
-    image: np.ndarray | None  # (h, w, 3) uint8 working copy
-    boxes: np.ndarray | None = None
-    crops: np.ndarray | None = None  # (P, H, W, 3) uint8 at the network input size
-    notices: list[str] = field(default_factory=list)
-    pointmap: Any = None  # the borrowed pointmap's prep (keypoints_3d)
-    found: Detections | None = None  # people found in prepare (no detector: the whole photo)
-
-
-@dataclass
-class PoseRaw:
-    """One photo's device result: per person a box and 308 keypoints in working-copy pixels."""
-
-    keypoints: np.ndarray  # (P, 308, 2) float32
-    scores: np.ndarray  # (P, 308) float32
-    boxes: np.ndarray  # (P, 4) float32
-    box_scores: np.ndarray  # (P,) float32
-    source: str
-    num_found: int
-    flip_test: bool
-    info: RunInfo
-    notices: list[str] = field(default_factory=list)
-    pointmap: Any = None  # the borrowed pointmap's raw (keypoints_3d)
 
 
 class PosePipeline(Pipeline):
@@ -189,13 +156,13 @@ class PosePipeline(Pipeline):
             start = people.stop
             kp_work = apply_affine(kp[people], self._geometry(prep, det.boxes, hw).inverse).astype(np.float32)
             bad_maps = int(bad[people].sum())
-            raws.append(_raw(prep, det, kp_work, scores[people], bad_maps, flip, replace(share), pm))
+            raws.append(pose_raw(prep, det, kp_work, scores[people], bad_maps, flip, replace(share), pm))
         return raws
 
     def finish(self, raw: PoseRaw, intake: Intake, **_: Any) -> PoseResult:
         """Working-copy pixels -> the photo's pixels, as a :class:`PoseResult` (with the 3D
         keypoints when the pointmap ran)."""
-        notices = _merged(intake.notices, raw.notices)
+        notices = notices_once(intake.notices, raw.notices)
         boxes, keypoints = intake.boxes_to_original(raw.boxes), intake.points_to_original(raw.keypoints)
         return PoseResult(
             image=intake.rgb, info=replace(raw.info), notices=notices, downscaled=intake.downscaled,
@@ -230,7 +197,7 @@ class PosePipeline(Pipeline):
         parts = []
         for lo in range(0, sum(counts), step):
             x = torch.cat([self._crops(batch[i], found[i].boxes, hw, people)[0]
-                           for i, people in _spans(counts, lo, lo + step)])  # fmt: skip
+                           for i, people in people_spans(counts, lo, lo + step)])  # fmt: skip
             parts.append(self._keypoints(x, info, flip, hw))
         if not parts:
             empty = np.zeros((0, NUM_KEYPOINTS), np.float32)
@@ -261,39 +228,6 @@ class PosePipeline(Pipeline):
         device (:func:`~sapiens2.ops.pose_codec.decode_crops`) into ``hw`` crop pixels."""
         heatmaps = self.timed_forward(info, torch.cat([x, x.flip(-1)]) if flip else x).heatmaps
         return decode_crops(heatmaps, flip, hw)
-
-
-def _spans(counts: list[int], lo: int, hi: int) -> list[tuple[int, slice]]:
-    """The people ``lo``..``hi`` of the batch (counted across preps of ``counts`` people each) as
-    (prep index, its people) pieces."""
-    spans, start = [], 0
-    for i, n in enumerate(counts):
-        a, b = max(lo, start), min(hi, start + n)
-        if a < b:
-            spans.append((i, slice(a - start, b - start)))
-        start += n
-    return spans
-
-
-def _raw(
-    prep: PosePrep, det: Detections, keypoints: np.ndarray, scores: np.ndarray, bad: int, flip_test: bool,
-    info: RunInfo, pointmap: Any,
-) -> PoseRaw:  # fmt: skip
-    """One photo's device result: keypoints and boxes in working-copy pixels, its notices, and the
-    borrowed pointmap's raw (``keypoints_3d``; else None)."""
-    notices = _merged(prep.notices, det.notices)
-    if bad:
-        notices.append(
-            f"The pose model returned NaN/inf in {bad} heatmap(s); those values were treated as 0."
-        )
-    boxes, box_scores = np.asarray(det.boxes, np.float32), np.asarray(det.scores, np.float32)
-    return PoseRaw(keypoints, scores, boxes, box_scores, det.source, int(det.num_found), flip_test, info,
-                   notices, pointmap)  # fmt: skip
-
-
-def _merged(*lists: list[str]) -> list[str]:
-    """Notices in order, each once."""
-    return list(dict.fromkeys(n for notices in lists for n in notices))
 
 
 # ----------------------------------------------------------------------------- declaration
