@@ -133,11 +133,14 @@ class Feed:
 
     def __init__(self) -> None:
         self._local: queue.Queue[Any] = queue.Queue()
-        self._reader, self._writer = multiprocessing.Pipe(duplex=False)
+        self._reader: Any = None  # the pipe, made only when the unit crosses to another process
+        self._writer: Any = None
         self._crossed = False  # the unit was pickled: the call runs in another process
         self._remote = False  # this copy is the call's, in the worker
 
     def __getstate__(self) -> dict[str, Any]:
+        if self._writer is None:
+            self._reader, self._writer = multiprocessing.Pipe(duplex=False)
         self._crossed = True  # from now on the server writes to the pipe
         return {"reader": bytes(ForkingPickler.dumps(self._reader))}  # its descriptor, shared
 

@@ -369,8 +369,6 @@ class LiveSession:
             return None
         found = None
         if setup.people.detects(self._k):
-            if setup.decl.video is None or setup.decl.video.detect is None:
-                raise OptionError(f"The {setup.decl.api_name} task has no person detection for live video.")
             unit = OneTask(Detect(setup.decl, setup.size, (rgb,), setup.infer_opts), setup.detect_seconds)
             [[found]] = self.device(unit)
         return setup.people.people(self._k, rgb, found)
