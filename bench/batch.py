@@ -12,12 +12,14 @@ its start-up is part of what is measured). Per run:
   photos take at that rate): model loads, and for Ray its start, workers and actors;
 * bytes per photo passed between the steps (Ray: the pickled items, as they travel).
 
-Then, apart from the runs, the bytes of one photo's prep and raw per task next to the working copy
-and the network input (pose's prep is the person crop when the box is known in prepare). Tiny checkpoints
-(``tests/tiny_checkpoints.py``) at ``--network-size``; pose uses the whole photo as its box.
+Then, apart from the runs, the bytes one photo's item holds after each step, next to its file, its
+working copy and the network inputs. Tiny checkpoints (``tests/tiny_checkpoints.py``) at
+``--network-size``; pose uses the whole photo as its box, or with ``--detector`` finds its people
+with a tiny random DETR in a step of its own (as it does by default with the real one).
 
     python bench/batch.py                                   # pose, 200 photos, 3 repetitions (~10 min here)
     python bench/batch.py --tasks pose seg --photos 100 --repeats 1
+    python bench/batch.py --detector --photo-side 4000 --photos 100 --repeats 2
 
 Not a test: numbers depend on the machine and on what else runs on it (the load average is
 printed before and after each run).
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import shutil
 import statistics
 import sys
@@ -46,8 +47,9 @@ import cv2  # noqa: E402
 import torch  # noqa: E402
 
 from sapiens2 import batch  # noqa: E402
+from sapiens2.batch import flow  # noqa: E402
 from sapiens2.batch.job import BatchJob, task_plan  # noqa: E402
-from sapiens2.batch.stages import TaskStages  # noqa: E402
+from sapiens2.batch.stages import stages_for  # noqa: E402
 from sapiens2.inputs.intake import load_image  # noqa: E402
 from sapiens2.runtime.cpus import available_cpus  # noqa: E402
 
@@ -87,6 +89,11 @@ def steady(commits: list[tuple[float, int]]) -> tuple[float, float]:
     return rate, t0 - n0 / rate
 
 
+def commit_times(commits: list[tuple[float, int]]) -> str:
+    """``t1 s (n1), t2 s (n2) ...``: when each part was committed, with the photos done by then."""
+    return ", ".join(f"{t:.1f} s ({n})" for t, n in commits) or "none"
+
+
 def load() -> str:
     try:
         return "/".join(f"{x:.1f}" for x in os.getloadavg())
@@ -101,22 +108,40 @@ def one_run(engine: str, job: BatchJob, photos_dir: Path, ray_opts: Any) -> dict
     rate, start = steady(summary.commits)
     errors = sum(summary.errors.values())
     return {"engine": engine, "wall": summary.seconds, "rate": rate, "start": start, "photos": summary.photos,
-            "errors": errors, "between": summary.bytes_between, "load": f"{before} -> {load()}"}  # fmt: skip
+            "errors": errors, "between": summary.bytes_between, "load": f"{before} -> {load()}",
+            "commits": summary.commits}  # fmt: skip
 
 
 def stage_bytes(job: BatchJob, photo: Path) -> list[str]:
-    """Per task, one photo: the pickled prep (prepare -> forward) and raw (forward -> finish), the
-    photo's working copy and the network input, in bytes."""
-    intake = load_image(photo)
-    lines = []
-    for plan in job.plans:
-        stage = TaskStages(plan)
-        prep = stage.prepare(intake)
-        stage.load("cpu", job.dtype)
-        raw = stage.forward([prep])[0]
-        hw = stage.cpu_pipeline().network_hw
-        sizes = (len(pickle.dumps(prep, protocol=5)), len(pickle.dumps(raw, protocol=5)), intake.work.nbytes)
-        lines.append(f"| {plan.task.name} | {' | '.join(f'{n:,}' for n in sizes)} | {hw[0] * hw[1] * 3:,} |")
+    """One photo through the steps in this process, as the Ray engine hands it on: the pickled
+    item after each step (prepare; with the person detector, its step and the crops; each
+    forward), next to the photo's file, its working copy and the network inputs, in bytes."""
+    stages = stages_for(job.plans)
+    [item] = flow.read_prepare([(str(photo), job.tasks)], stages, max_side=job.max_side)
+    work = item.intake.work.nbytes if item.intake is not None else load_image(photo).work.nbytes
+    rows = [("prepare", len(item.dumps()))]
+    finders = [st for st in stages.values() if st.finds_people]
+    for st in finders:
+        st.load_finder("cpu")
+        flow.find_people([item], st)
+        rows.append((f"detect {st.task.name}", len(item.dumps())))
+    if finders:
+        flow.prepare_found(
+            [flow.Item.loads(item.dumps())], stages, max_side=job.max_side
+        )  # as Ray: decoded again
+        flow.prepare_found([item], stages, max_side=job.max_side)
+        rows.append(("crops", len(item.dumps())))
+    for st in stages.values():
+        st.load("cpu", job.dtype)
+        flow.forward([item], st)
+        rows.append((f"forward {st.task.name}", len(item.dumps())))
+    inputs = ", ".join(
+        f"{t.name} {h * w * 3:,}"
+        for t, (h, w) in ((t, st.cpu_pipeline().network_hw) for t, st in stages.items())
+    )
+    lines = [f"| after {name} | {n:,} |" for name, n in rows]
+    lines.append(f"| (the photo's file; its working copy) | {photo.stat().st_size:,}; {work:,} |")
+    lines.append(f"| (network input per image or person crop, uint8: {inputs}) | |")
     return lines
 
 
@@ -133,9 +158,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads of the local engine (0: every CPU)")
     ap.add_argument("--engines", nargs="+", default=["local", "ray"], choices=["local", "ray"])
+    ap.add_argument("--detector", action="store_true",
+                    help="pose finds its people with a (tiny random) DETR, as by default, not the whole photo")  # fmt: skip
+    ap.add_argument("--detector-actors", type=int, default=None,
+                    help="ray: detector actors (default: none on CPUs, the read step detects)")  # fmt: skip
     args = ap.parse_args()
 
-    from tiny_checkpoints import make_tiny_checkpoint
+    from tiny_checkpoints import make_tiny_checkpoint, make_tiny_detr
 
     from sapiens2.batch.ray_engine import RayOptions
     from sapiens2.tasks import registry
@@ -148,26 +177,37 @@ def main() -> None:
         ckpts = {t: make_tiny_checkpoint(t, tmp / "ckpt" / t) for t in dict.fromkeys([*names, "seg"])}
         photos_dir = tmp / "photos"
         made = make_photos(photos_dir, args.photos, args.photo_side)
+        detector = None
+        if args.detector:
+            make_tiny_detr(tmp / "ckpt" / "detr")
+            detector = str(tmp / "ckpt" / "detr")
         plans = tuple(
             task_plan(t, checkpoints=ckpts, network_hw=args.network_size,
-                      pipeline_kwargs={"detector": None} if "detector" in t.pipeline.parts else None)
+                      pipeline_kwargs={"detector": detector} if "detector" in t.pipeline.parts else None)
             for t in tasks
         )  # fmt: skip
         print(f"torch {torch.__version__}, {available_cpus()} CPUs, local torch threads {torch.get_num_threads()}, "
               f"tasks {' '.join(names)}, {len(made)} photos of {args.photo_side} px, network "
-              f"{args.network_size[0]}x{args.network_size[1]}, batch {args.batch_size}, load {load()}")  # fmt: skip
+              f"{args.network_size[0]}x{args.network_size[1]}, batch {args.batch_size}, "
+              f"person detector {'tiny DETR' if detector else 'off (whole photo)'}, load {load()}")  # fmt: skip
         runs = []
         for r in range(args.repeats):
             for engine in args.engines:
                 job = BatchJob(plans, str(tmp / f"out-{engine}"), batch_size=args.batch_size,
                                rows_per_part=args.rows_per_part)  # fmt: skip
-                run = one_run(engine, job, photos_dir, RayOptions() if engine == "ray" else None)
+                run = one_run(
+                    engine,
+                    job,
+                    photos_dir,
+                    RayOptions(detector_actors=args.detector_actors) if engine == "ray" else None,
+                )
                 runs.append(run)
                 between = (
                     ", ".join(f"{k} {v / 1e3:,.0f} kB" for k, v in run["between"].items()) or "in process"
                 )
                 print(f"run {r + 1} {engine:5s} wall {run['wall']:6.1f} s · {run['rate']:5.2f} photos/s once started · "
-                      f"start-up {run['start']:5.1f} s · {run['photos']} photos, {run['errors']} errors · "
+                      f"start-up {run['start']:5.1f} s · commits at {commit_times(run['commits'])} · "
+                      f"{run['photos']} photos, {run['errors']} errors · "
                       f"between steps per photo: {between} · load {run['load']}", flush=True)  # fmt: skip
         print(
             "\n| engine | runs | photos/s once started (median, each) | start-up s (median, each) | wall s (median) |"
@@ -185,10 +225,8 @@ def main() -> None:
                   f"{statistics.median(r['wall'] for r in mine):.1f} |")  # fmt: skip
         if len(med) == 2:
             print(f"\nray / local throughput once started: {med['ray'] / med['local']:.2f} (target >= 0.7)")
-        print(
-            "\n| task | prep bytes (pickled) | raw bytes (pickled) | working copy bytes | network input bytes |"
-        )
-        print("|---|---|---|---|---|")
+        print("\n| one photo, as the Ray engine hands it on | bytes (the pickled item) |")
+        print("|---|---|")
         print("\n".join(stage_bytes(BatchJob(plans, str(tmp / "x")), made[0])))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

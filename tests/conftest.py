@@ -13,7 +13,7 @@ for _p in (_TESTS, _TESTS.parent):  # `import tiny_checkpoints` and `import sapi
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from tiny_checkpoints import all_task_names, make_tiny_checkpoint  # noqa: E402
+from tiny_checkpoints import all_task_names, make_tiny_checkpoint, make_tiny_detr  # noqa: E402
 
 # Tiny models are dominated by small element-wise ops; on a shared or small CPU extra threads
 # mostly wait on each other (measured here: one 200k-element multiply 80x slower with 2 threads
@@ -27,6 +27,14 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     wrote it), for every zoo task."""
     root = tmp_path_factory.mktemp("tiny_checkpoints")
     return {task: make_tiny_checkpoint(task, root / task, seed=i) for i, task in enumerate(all_task_names())}
+
+
+@pytest.fixture(scope="session")
+def tiny_detr(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding a tiny random DETR person detector (model.safetensors + config.json)."""
+    folder = tmp_path_factory.mktemp("tiny_detr")
+    make_tiny_detr(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ small network size; the Ray engine is in test_batch_ray.py."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -301,6 +302,83 @@ def test_weight_free_stages_are_the_pipelines_and_options_resolve_once(tiny_chec
         PosePipeline.without_weights("0.4b", sed=None)
 
 
+def smooth_jpeg(path: Path, w: int, h: int, seed: int = 0) -> Path:
+    """A camera-sized photo that compresses as photos do (gradients and blocks, not noise)."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    rgb = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy + seed * 40) % 256], -1).astype(np.uint8)
+    rgb[h // 4 : h // 2, w // 3 : w // 2] = (200, 30 + seed * 20, 40)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rgb).save(path, quality=90)
+    return path
+
+
+def test_pose_with_its_detector_rows_equal_the_library_and_match_in_any_batch(
+    tiny_checkpoints, tiny_detr, tmp_path
+):
+    """Pose with the person detector (the default) finds the people in a step of its own: rows
+    equal the library's exactly (one photo a forward), a batch of two gives the same people."""
+    made = photos(tmp_path / "in", 3)
+    runs = {}
+    for n in (1, 2):
+        job = job_for(("pose",), tiny_checkpoints, tmp_path / f"out{n}", batch_size=n,
+                      pose_kwargs={"detector": str(tiny_detr)})  # fmt: skip
+        summary = batch.run(job, str(tmp_path / "in"), progress=False)
+        assert summary.rows == {"pose": 4} and summary.errors == {"pose": 1}
+        runs[n] = table(tmp_path / f"out{n}", "pose")
+    lib = registry.get("pose").pipeline(None, checkpoint=tiny_checkpoints["pose"], device="cpu",
+                                        detector=str(tiny_detr))  # fmt: skip
+    lib.input_hw = HW
+    one, two = runs[1], runs[2]
+    assert one["source"].to_pylist() == two["source"].to_pylist() == sorted(str(p) for p in made)
+    at = {src: i for i, src in enumerate(one["source"].to_pylist())}
+    for path in made[:-1]:
+        i, want = at[str(path)], lib(path)
+        assert (
+            one["detection"][i].as_py() == want.detection_source == "detector"
+        )  # the tiny DETR finds people
+        got = {k: records.column_arrays(one[k])[i] for k in ("keypoints", "scores", "boxes")}
+        assert np.array_equal(got["keypoints"], want.keypoints) and np.array_equal(got["scores"], want.scores)
+        assert np.array_equal(got["boxes"], want.boxes)
+        assert np.array_equal(np.asarray(one["box_scores"][i].as_py(), np.float32), want.box_scores)
+    assert one["boxes"].equals(two["boxes"]) and one["box_scores"].equals(two["box_scores"])
+    assert one["notices"].equals(two["notices"])
+
+
+def test_pose_with_its_detector_never_passes_the_photos_pixels_to_a_device_step(
+    tiny_checkpoints, tiny_detr, tmp_path
+):
+    """The issue's measure, with the person detector: what each step hands on per photo is the
+    network input (the detector's, then the crops) and the photo's file, never its pixels."""
+    from sapiens2.batch import flow
+    from sapiens2.batch.stages import stages_for
+
+    big = smooth_jpeg(tmp_path / "big.jpg", 1600, 1200)
+    job = job_for(
+        ("pose", "seg"), tiny_checkpoints, tmp_path / "out", pose_kwargs={"detector": str(tiny_detr)}
+    )
+    stages = stages_for(job.plans)
+    pose, seg = job.plans[0].task, job.plans[1].task
+    [item] = flow.read_prepare([(str(big), job.tasks)], stages, max_side=job.max_side)
+    work = item.intake.work.nbytes  # 1600 x 1200 x 3: the decoded photo stays in this process
+    detr_input = 1067 * 800 * 3  # DETR's 800-px input, uint8
+    sent = len(item.dumps())
+    assert item.intake is not None and flow.Item.loads(item.dumps()).intake is None
+    assert pose in item.people_inputs and pose not in item.preps and seg in item.preps
+    seg_input = len(pickle.dumps(item.preps[seg]))  # seg's network input, for the tiny 128x96 model
+    assert sent < detr_input + big.stat().st_size + seg_input + 8192 < work  # the file, not its pixels
+    stages[pose].load_finder("cpu")
+    flow.find_people([item], stages[pose])
+    assert pose in item.people and not item.people_inputs
+    far = flow.Item.loads(item.dumps())  # as another process gets it: the photo decoded again
+    flow.prepare_found([far], stages, max_side=job.max_side)
+    flow.prepare_found([item], stages, max_side=job.max_side)
+    assert far.photo is None and item.photo is None and item.intake is None
+    a, b = far.preps[pose], item.preps[pose]
+    assert a.image is None and np.array_equal(a.crops, b.crops) and a.crops.shape[1:] == (*HW, 3)
+    people = len(a.crops)
+    assert len(far.dumps()) < len(pickle.dumps(far.preps[seg])) + people * HW[0] * HW[1] * 3 + 8192
+
+
 def test_rerun_skips_done_sources_refuses_other_settings_and_ignores_temp_files(tiny_checkpoints, tmp_path):
     photos(tmp_path / "in", 2)
     job = job_for(("pose",), tiny_checkpoints, tmp_path / "out", rows_per_part=1)
@@ -393,21 +471,47 @@ def test_cpu_budget_caps_pools_and_threads(monkeypatch):
 
 
 def test_actor_resources_always_leave_a_cpu_for_the_cpu_steps():
-    from sapiens2.batch.ray_engine import RayOptions, actor_resources
+    from sapiens2.batch.ray_engine import Actors, RayOptions, actor_resources
 
-    assert actor_resources(RayOptions(), 1, {"CPU": 2}) == (0.0, 1.0)
-    assert actor_resources(RayOptions(), 2, {"CPU": 2}) == (0.0, 0.5)  # two tasks share the spare CPU
-    assert actor_resources(RayOptions(actors=2), 1, {"CPU": 16, "GPU": 2}, gpu=True) == (1.0, 1.0)
-    assert actor_resources(RayOptions(gpus_per_actor=0.25, actors=4), 1, {"CPU": 8, "GPU": 1}, True) == (
-        0.25,
-        1.0,
-    )
+    def pools(opts, tasks, cluster, gpu=False, finding=0):
+        got = actor_resources(opts, tasks, cluster, gpu, finding)
+        return (got.gpus, got.cpus) if not finding else got
+
+    assert pools(RayOptions(), 1, {"CPU": 2}) == (0.0, 1.0)
+    assert pools(RayOptions(), 2, {"CPU": 2}) == (0.0, 0.5)  # two tasks share the spare CPU
+    assert pools(RayOptions(actors=2), 1, {"CPU": 16, "GPU": 2}, gpu=True) == (1.0, 1.0)
+    assert pools(RayOptions(gpus_per_actor=0.25, actors=4), 1, {"CPU": 8, "GPU": 1}, True) == (0.25, 1.0)
+    # pose with its detector: on CPUs the read step detects (no finder actor) unless asked for one;
+    # on GPUs a finder actor beside each forward actor, sharing its GPU
+    assert pools(RayOptions(), 1, {"CPU": 2}, finding=1) == Actors(0.0, 1.0, 0.0, 0.0, 0)
+    assert pools(RayOptions(detector_actors=1), 1, {"CPU": 2}, finding=1) == Actors(0.0, 0.5, 0.0, 0.5, 1)
+    assert pools(RayOptions(actors=8), 1, {"CPU": 64, "GPU": 8}, True, 1) == Actors(0.9, 1.0, 0.1, 1.0, 8)
+    assert pools(RayOptions(actors=8, gpus_per_actor=1, detector_actors=2, detector_gpus=0.5), 1,
+                 {"CPU": 64, "GPU": 9}, True, 1) == Actors(1.0, 1.0, 0.5, 1.0, 2)  # fmt: skip
     with pytest.raises(OptionError, match="leave no CPU"):
         actor_resources(RayOptions(actors=2, cpus_per_actor=1), 1, {"CPU": 2})
+    assert pools(RayOptions(actors=8, detector_actors=0), 1, {"CPU": 64, "GPU": 8}, True, 1) == Actors(
+        1.0, 1.0, 0.0, 0.0, 0
+    )  # the DETR on the read steps' CPUs: the forward actors keep whole GPUs
+    with pytest.raises(OptionError, match="leave no CPU"):  # 1 forward + 2 finders at 0.5 on 2 CPUs
+        actor_resources(RayOptions(detector_actors=2, cpus_per_actor=0.5), 1, {"CPU": 2}, finding=1)
     with pytest.raises(OptionError, match="has 0 GPU"):
         actor_resources(RayOptions(), 1, {"CPU": 2}, gpu=True)
     with pytest.raises(OptionError, match="resolved for a CPU forward"):  # flip test, dtype: CPU defaults
         actor_resources(RayOptions(gpus_per_actor=1), 1, {"CPU": 4, "GPU": 1}, gpu=False)
+    with pytest.raises(OptionError, match="--detector-gpus 0.5 but"):
+        actor_resources(RayOptions(detector_actors=1, detector_gpus=0.5), 1, {"CPU": 4}, finding=1)
+    with pytest.raises(OptionError, match="--detector-gpus is for detector actors"):
+        actor_resources(RayOptions(detector_gpus=0.5), 1, {"CPU": 4}, finding=1)
+    with pytest.raises(OptionError, match="--detector-actors at least 0"):
+        actor_resources(RayOptions(detector_actors=-1), 1, {"CPU": 4}, finding=1)
+    # pose and seg at one GPU each on a local Ray of 1 GPU: refused, the second pool would never start
+    with pytest.raises(
+        OptionError, match=r"need 2.1 GPUs .* 2 task\(s\) x 1, 1 detector actor\(s\) x 0.1\) but"
+    ):
+        actor_resources(RayOptions(gpus_per_actor=1), 2, {"CPU": 8, "GPU": 1}, True, 1)
+    joined = RayOptions(address="auto", gpus_per_actor=1)  # a cluster may scale up: its pools wait
+    assert actor_resources(joined, 2, {"CPU": 8, "GPU": 1}, True, 1).gpus == 1.0
 
 
 def test_command_line_errors_are_one_line(tiny_checkpoints, tmp_path, capsys):
@@ -423,6 +527,14 @@ def test_command_line_errors_are_one_line(tiny_checkpoints, tmp_path, capsys):
                  "--checkpoint", f"pose={tiny_checkpoints['pose']}"]) == 1  # fmt: skip
     err = capsys.readouterr().err
     assert "No such file or folder" in err and "Traceback" not in err
+    ckpt = ["--checkpoint", f"pose={tiny_checkpoints['pose']}"]
+    assert main([*base, *ckpt, "--detector-checkpoint", str(tmp_path / "nope")]) == 1
+    assert "--detector-checkpoint" in capsys.readouterr().err and not list((tmp_path / "o").rglob("part-*"))
+    (tmp_path / "notdetr").mkdir()
+    (tmp_path / "notdetr" / "model.safetensors").write_bytes(b"not a checkpoint")
+    assert main([*base, *ckpt, "--detector-checkpoint", str(tmp_path / "notdetr")]) == 1
+    err = capsys.readouterr().err  # refused when the finder loads, before any photo: no rows
+    assert "error:" in err and "Traceback" not in err and not list((tmp_path / "o").rglob("part-*"))
     with pytest.raises(SystemExit):
         main(["batch", str(img), "--out", str(tmp_path / "o")])  # INPUT but no task
 

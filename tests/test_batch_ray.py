@@ -15,7 +15,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from test_batch import photos  # noqa: E402
+from test_batch import photos, smooth_jpeg  # noqa: E402
 
 from sapiens2.batch import records  # noqa: E402
 from sapiens2.batch.store import JOB_FILE  # noqa: E402
@@ -80,6 +80,52 @@ def test_ray_rows_equal_local_rows_with_an_error_row_and_a_half_done_out(
             records.read_png(x), records.read_png(y)
         )
     assert not list((far / "pose").glob(".tmp-*"))
+
+
+def hops_of(printed: str) -> dict[str, float]:
+    """The command's "passed between steps per photo" line: MB by "step -> step", in order."""
+    line = next(t for t in printed.splitlines() if t.startswith("passed between steps per photo: "))
+    return {hop: float(mb) for hop, mb, _ in (h.rsplit(" ", 2) for h in line.split(": ", 1)[1].split(", "))}
+
+
+def test_pose_with_its_detector_on_ray_equals_local_and_passes_no_photo_pixels(
+    local_ray, tiny_checkpoints, tiny_detr, tmp_path, capsys
+):
+    """Pose with its person detector on Ray: the rows equal the local engine's, both where the
+    read step detects (a CPU job's default) and with detector actors (a GPU job's default, asked
+    for here on CPUs), and per photo no step hands on the decoded photo (1600 x 1200 x 3 = 5.76
+    MB): the crops, or before them the detector's input and the photo's file."""
+    made = [smooth_jpeg(tmp_path / "in" / f"cam{i}.jpg", 1600, 1200, seed=i) for i in range(2)]
+    (tmp_path / "in" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    args = ["pose", str(tmp_path / "in"), "--detector-checkpoint", str(tiny_detr), "--network-size", "128x96",
+            "--batch-size", "2", "--checkpoint", f"pose={tiny_checkpoints['pose']}"]  # fmt: skip
+    local = tmp_path / "local"
+    assert main(["batch", *args, "--out", str(local)]) == 0
+    a = sorted_table(local, "pose")
+    assert a["detection"].to_pylist() == [None, "detector", "detector"] and a["error"].null_count == 2
+    crops = 128 * 96 * 3 * 2 / 1e6  # at most two people a photo here
+    files = sum(p.stat().st_size for p in made) / 3 / 1e6  # the broken file's row carries nothing
+    for extra, steps in (
+        ([], ["prepare + detect pose -> forward pose", "forward pose -> finish"]),
+        (["--detector-actors", "1"], ["prepare -> detect pose", "detect pose -> crops", "crops -> forward pose",
+                                      "forward pose -> finish"]),
+    ):  # fmt: skip
+        far = tmp_path / f"ray{len(extra)}"
+        capsys.readouterr()
+        assert main(["batch", *args, "--out", str(far), "--engine", "ray", *extra]) == 0
+        hops = hops_of(capsys.readouterr().out)
+        assert list(hops) == steps
+        b = sorted_table(far, "pose")
+        assert a["source"].to_pylist() == b["source"].to_pylist() and a["error"].equals(b["error"])
+        assert a["detection"].equals(b["detection"]) and a["boxes"].equals(b["boxes"])
+        assert a["notices"].equals(b["notices"])
+        for x, y in zip(
+            records.column_arrays(a["keypoints"]), records.column_arrays(b["keypoints"]), strict=True
+        ):
+            assert (x is None and y is None) or np.abs(x - y).max() <= 0.05
+        assert hops[steps[-2]] < crops and hops["forward pose -> finish"] < 0.1
+        if extra:  # the detector's input (DETR's 1067 x 800) and the file, never the 5.76 MB photo
+            assert hops["prepare -> detect pose"] < 1067 * 800 * 3 / 1e6 * 2 / 3 + files + 0.02 < 5.76
 
 
 def test_every_ray_worker_keeps_to_its_cpu_allotment(local_ray):

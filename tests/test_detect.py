@@ -11,12 +11,12 @@ import pytest
 import torch
 from forking import expect_child_success
 from safetensors.torch import load_file, save_file
+from tiny_checkpoints import make_tiny_detr
 
-from sapiens2.errors import CheckpointError, InputImageError, OptionError
+from sapiens2.errors import CheckpointError, InputImageError, OptionError, WeightsUnavailableError
 from sapiens2.inputs import detector as detect
 from sapiens2.inputs.detector import Detections, PersonDetector, detect_people, nms, resize_shape
 
-LABELS = {0: "N/A", 1: "person", 2: "car"}  # DETR's COCO map starts the same way: 0 unused, 1 person
 SMALL = {"shortest_edge": 160, "longest_edge": 240}  # a small network input keeps most tests fast
 
 
@@ -32,45 +32,8 @@ def _image(h: int = 37, w: int = 53) -> np.ndarray:
 @pytest.fixture(scope="module")
 def hf_detr(tmp_path_factory: pytest.TempPathFactory):
     """A tiny random transformers DETR (transformers-ResNet backbone) saved with save_pretrained."""
-    from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
-
-    torch.manual_seed(0)
-    backbone = ResNetConfig(
-        embedding_size=8, hidden_sizes=[16, 24, 32, 40], depths=[1, 2, 1, 1], out_features=["stage4"]
-    )
-    config = DetrConfig(
-        use_timm_backbone=False,
-        backbone_config=backbone,
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=2,
-        encoder_ffn_dim=24,
-        decoder_ffn_dim=24,
-        encoder_attention_heads=2,
-        decoder_attention_heads=4,
-        num_queries=12,
-        num_labels=3,
-        id2label=LABELS,
-        label2id={v: k for k, v in LABELS.items()},
-    )
-    model = DetrForObjectDetection(config).eval()
-    with torch.no_grad():  # transformers' init makes all queries alike; spread heads and stats
-        for name, p in model.named_parameters():
-            if name.startswith("class_labels") or "query_position" in name:
-                p.normal_(0, 1.0)
-            elif name.startswith("bbox_predictor"):
-                p.normal_(0, 0.3)
-            elif "proj" in name and "backbone" not in name:
-                p.normal_(0, 0.5)
-        for name, b in model.named_buffers():
-            if name.endswith("running_var"):
-                b.uniform_(0.5, 2.0)
-            elif name.endswith("running_mean"):
-                b.normal_(0, 0.1)
-        model.class_labels_classifier.bias[1] += 1.5  # make "person" the top class of several queries
     folder = tmp_path_factory.mktemp("detr_no_timm")
-    model.save_pretrained(folder)
-    return model, folder
+    return make_tiny_detr(folder), folder
 
 
 def _small(det: PersonDetector) -> PersonDetector:
@@ -456,8 +419,8 @@ def test_injected_detector_may_return_detections_or_plain_boxes() -> None:
         ({"iou_threshold": "0.3"}, r"iou_threshold must be a number in \[0, 1\]"),
         ({"max_people": 0}, r"max_people must be a whole number >= 1"),
         ({"max_people": 2.5}, r"max_people must be a whole number >= 1"),
-        ({"detector": "yolo"}, r"detector must be 'auto', None, a PersonDetector or a callable"),
-        ({"detector": 3}, r"detector must be 'auto', None, a PersonDetector or a callable"),
+        ({"detector": " "}, r"detector must be 'auto', None, a DETR checkpoint path, a PersonDetector or a"),
+        ({"detector": 3}, r"detector must be 'auto', None, a DETR checkpoint path, a PersonDetector or a"),
         ({"boxes": [[1, 2, 3]]}, r"boxes must be shaped \(N, 4\)"),
         ({"boxes": []}, r"boxes is empty"),
         ({"boxes": [[0, 0, np.nan, 5]]}, r"NaN or infinite"),
@@ -470,6 +433,42 @@ def test_option_errors(kwargs: dict, message: str) -> None:
     kwargs.setdefault("detector", None)
     with pytest.raises(OptionError, match=message):
         detect_people(np.zeros((30, 40, 3), np.uint8), **kwargs)
+
+
+def test_a_detector_named_by_its_checkpoint_loads_once_per_device(hf_detr, tmp_path: Path) -> None:
+    found = detect_people(_image(), detector=hf_detr[1], score_threshold=0.0, device="cpu")
+    again = detect_people(_image(), detector=str(hf_detr[1]), score_threshold=0.0, device="cpu")
+    assert found.source == "detector" and np.array_equal(found.boxes, again.boxes)
+    assert detect.detector_from(hf_detr[1], "cpu") is detect.detector_from(str(hf_detr[1]), "cpu")
+    with pytest.raises(WeightsUnavailableError, match="does not exist"):
+        detect_people(_image(), detector=tmp_path / "yolo")
+
+
+def test_a_detector_input_made_apart_finds_the_same_people(tiny_det: PersonDetector) -> None:
+    """The CPU makes the detector's input (uint8 at DETR's size), the device finds the people in
+    it: the same boxes, scores and notices as from the image, in the image's pixels."""
+    small, image = _image(90, 130), _image(300, 420)
+    inp = tiny_det.input_for(image)  # DETR shrinks it: the resized copy is made here
+    assert inp.pixels.dtype == np.uint8 and inp.image_hw == (300, 420)
+    assert inp.pixels.shape[:2] == resize_shape(300, 420, 160, 240)
+    assert tiny_det.input_for(small).pixels is small  # DETR would enlarge it: it goes as it is
+    got = detect_people(tiny_det.input_for(small), detector=tiny_det, score_threshold=0.0)
+    assert np.array_equal(got.boxes, detect_people(small, detector=tiny_det, score_threshold=0.0).boxes)
+    for kw in (
+        {"score_threshold": 0.0},
+        {"score_threshold": 0.0, "max_people": 2},
+        {"score_threshold": 0.99},
+    ):
+        want = detect_people(image, detector=tiny_det, **kw)
+        got = detect_people(inp, detector=tiny_det, **kw)
+        assert np.array_equal(got.boxes, want.boxes) and np.array_equal(got.scores, want.scores)
+        assert (got.source, got.num_found, got.notices) == (want.source, want.num_found, want.notices)
+    assert detect_people(image, detector=tiny_det, score_threshold=0.99).source == "whole_image"
+    with pytest.raises(OptionError, match="resized for edges"):
+        tiny_det.raw_input(detect.detector_input(image))  # made for the default 800/1333 rule
+    with pytest.raises(OptionError, match="needs the image itself"):
+        detect_people(inp, detector=lambda rgb: [[0, 0, 5, 5]])
+    assert detect_people(inp, detector=None).boxes.tolist() == [[0, 0, 419, 299]]
 
 
 def test_injected_detector_bad_output() -> None:

@@ -362,3 +362,41 @@ def write_header_only(path: Path, shapes: dict[str, tuple[int, ...]], dtype: str
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(struct.pack("<Q", len(raw)) + raw)
     return path
+
+
+#: The tiny DETR's labels: DETR's COCO map starts the same way (0 unused, 1 person).
+DETR_LABELS = {0: "N/A", 1: "person", 2: "car"}
+
+
+def make_tiny_detr(folder: Path, *, seed: int = 0) -> Any:
+    """A tiny random transformers DETR (transformers-ResNet backbone) saved with ``save_pretrained``
+    into ``folder`` (model.safetensors + config.json); returns the model. Its heads are spread so
+    that "person" is the top class of several queries (transformers' init makes all queries alike)."""
+    from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
+
+    torch.manual_seed(seed)
+    backbone = ResNetConfig(
+        embedding_size=8, hidden_sizes=[16, 24, 32, 40], depths=[1, 2, 1, 1], out_features=["stage4"]
+    )
+    config = DetrConfig(
+        use_timm_backbone=False, backbone_config=backbone, d_model=16, encoder_layers=1, decoder_layers=2,
+        encoder_ffn_dim=24, decoder_ffn_dim=24, encoder_attention_heads=2, decoder_attention_heads=4,
+        num_queries=12, num_labels=3, id2label=DETR_LABELS, label2id={v: k for k, v in DETR_LABELS.items()},
+    )  # fmt: skip
+    model = DetrForObjectDetection(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("class_labels") or "query_position" in name:
+                p.normal_(0, 1.0)
+            elif name.startswith("bbox_predictor"):
+                p.normal_(0, 0.3)
+            elif "proj" in name and "backbone" not in name:
+                p.normal_(0, 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("running_var"):
+                b.uniform_(0.5, 2.0)
+            elif name.endswith("running_mean"):
+                b.normal_(0, 0.1)
+        model.class_labels_classifier.bias[1] += 1.5
+    model.save_pretrained(folder)
+    return model

@@ -5,19 +5,26 @@ needs; only the preps (the network inputs) and the photo's :class:`~.stages.Geom
 decoded photo is dropped. ``forward`` (the device, one task): one ``infer`` for the batch.
 ``finish`` (CPU): each raw finished into the task's row. A failure anywhere is caught per photo
 and per task and becomes that row's ``error``; the run goes on.
+
+A task that finds people first (pose with its DETR) takes two more steps between them:
+``find_people`` (the device: the detector on its small inputs) and ``prepare_found`` (CPU: the
+person crops from the photo). Until then the item keeps the photo's file bytes, which a step in
+another process decodes again (the same pixels), and, in this process only, the decoded photo
+itself (never pickled): the pixels never travel to a device step.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.fs as pafs
 
+from ..inputs.intake import Intake
 from ..tasks.registry import Task
-from .sources import read_intake
+from .sources import decode_source, read_source
 from .stages import Geometry, TaskStages
 
 
@@ -31,6 +38,13 @@ class Item:
     preps: dict[Task, Any] = field(default_factory=dict)
     raws: dict[Task, Any] = field(default_factory=dict)
     errors: dict[Task, str] = field(default_factory=dict)  # per task; a read error is every task's
+    people_inputs: dict[Task, Any] = field(default_factory=dict)  # the detector's inputs, to find people
+    people: dict[Task, Any] = field(default_factory=dict)  # the people found, to prepare the crops from
+    photo: bytes | None = None  # the file's bytes while a task awaits its people
+    intake: Intake | None = None  # the decoded photo meanwhile, in this process only (not pickled)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "intake": None}
 
     def dumps(self) -> bytes:
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
@@ -53,34 +67,38 @@ def read_prepare(
     filesystem: pafs.FileSystem | None = None,
     max_side: int,
 ) -> list[Item]:
-    """``todo``: (source, the tasks it needs). Each source decoded once, prepared per task."""
+    """``todo``: (source, the tasks it needs). Each source decoded once, prepared per task (or,
+    for a task that finds people first, its detector's input made)."""
     items = []
     for source, tasks in todo:
         item = Item(source, tuple(tasks))
         items.append(item)
         try:
-            intake = read_intake(source, filesystem, max_side=max_side)
+            data, name = read_source(source, filesystem)
+            intake = decode_source(data, name, max_side=max_side)
         except Exception as err:  # a bad photo is its rows' error, never the run's
             item.errors = dict.fromkeys(item.tasks, describe_error(err))
             continue
         item.geometry = Geometry.of(intake)
         for task in item.tasks:
             try:
-                item.preps[task] = stages[task].prepare(intake)
+                found = stages[task].people_input(intake)
+                if found is None:
+                    item.preps[task] = stages[task].prepare(intake)
+                else:
+                    item.people_inputs[task] = found
             except Exception as err:
                 item.errors[task] = describe_error(err)
+        if item.people_inputs:
+            item.photo, item.intake = data, intake
     return items
 
 
-def forward(items: Sequence[Item], stage: TaskStages) -> None:
-    """ONE forward of ``stage``'s task for every item that has its prep; a batch that fails is
-    run again photo by photo, so one bad photo costs only its own row."""
-    task = stage.task
-    todo = [it for it in items if task in it.preps]
-    if not todo:
-        return
+def _in_batch_then_alone(todo: list[Item], task: Task, run: Callable[[list[Item]], None]) -> None:
+    """``run`` on all of ``todo`` at once; if that fails, on each item alone, so one bad photo
+    costs only its own row (its error recorded, what it held for ``task`` dropped)."""
     try:
-        _forward(todo, stage)
+        run(todo)
         return
     except Exception as err:
         if len(todo) == 1:
@@ -88,23 +106,76 @@ def forward(items: Sequence[Item], stage: TaskStages) -> None:
             return
     for it in todo:
         try:
-            _forward([it], stage)
+            run([it])
         except Exception as err:
             _failed(it, task, err)
 
 
-def _forward(todo: list[Item], stage: TaskStages) -> None:
-    raws = stage.forward([it.preps[stage.task] for it in todo])
-    if len(raws) != len(todo):
-        raise RuntimeError(f"The {stage.task.name} forward gave {len(raws)} results for {len(todo)} photos.")
-    for it, raw in zip(todo, raws, strict=True):
-        it.raws[stage.task] = raw
-        del it.preps[stage.task]  # the network input is not carried any further
+def find_people(items: Sequence[Item], stage: TaskStages) -> None:
+    """The device step of a task that finds people first: its detector on every item's input."""
+    task = stage.task
+    todo = [it for it in items if task in it.people_inputs]
+
+    def run(some: list[Item]) -> None:
+        found = stage.find_people([it.people_inputs[task] for it in some])
+        _check_count(found, some, task, "people")
+        for it, people in zip(some, found, strict=True):
+            it.people[task] = people
+            del it.people_inputs[task]
+
+    if todo:
+        _in_batch_then_alone(todo, task, run)
+
+
+def prepare_found(items: Sequence[Item], stages: Mapping[Task, TaskStages], *, max_side: int) -> None:
+    """CPU, after :func:`find_people`: each task's network input from the photo and its people
+    (the photo decoded again from its bytes when this is another process), then the photo dropped."""
+    for it in items:
+        if it.people:
+            try:
+                intake = it.intake
+                if intake is None:  # another process: the same photo from its file's bytes
+                    intake = decode_source(it.photo or b"", it.geometry.name, max_side=max_side)
+            except Exception as err:
+                for task in it.people:
+                    it.errors[task] = describe_error(err)
+                intake = None
+            for task, people in it.people.items() if intake is not None else ():
+                try:
+                    it.preps[task] = stages[task].prepare(intake, people)
+                except Exception as err:
+                    it.errors[task] = describe_error(err)
+            it.people.clear()
+        if not it.people_inputs:
+            it.photo = it.intake = None
+
+
+def forward(items: Sequence[Item], stage: TaskStages) -> None:
+    """ONE forward of ``stage``'s task for every item that has its prep; a batch that fails is
+    run again photo by photo, so one bad photo costs only its own row."""
+    task = stage.task
+    todo = [it for it in items if task in it.preps]
+
+    def run(some: list[Item]) -> None:
+        raws = stage.forward([it.preps[task] for it in some])
+        _check_count(raws, some, task, "results")
+        for it, raw in zip(some, raws, strict=True):
+            it.raws[task] = raw
+            del it.preps[task]  # the network input is not carried any further
+
+    if todo:
+        _in_batch_then_alone(todo, task, run)
+
+
+def _check_count(out: list[Any], todo: list[Item], task: Task, what: str) -> None:
+    if len(out) != len(todo):
+        raise RuntimeError(f"The {task.name} device step gave {len(out)} {what} for {len(todo)} photos.")
 
 
 def _failed(item: Item, task: Task, err: BaseException) -> None:
     item.errors[task] = describe_error(err)
-    item.preps.pop(task, None)
+    for held in (item.preps, item.people_inputs, item.people):
+        held.pop(task, None)
 
 
 def finish(items: Sequence[Item], stages: Mapping[Task, TaskStages]) -> dict[Task, list[dict[str, Any]]]:

@@ -17,7 +17,7 @@ A caller of the Python API may pass a ``pyarrow.fs.FileSystem`` instead, and INP
 sources are then paths inside it.
 
 A source is named in the rows as it was listed: an absolute path for a local path, the full URI
-otherwise. Local files are read by :func:`sapiens2.inputs.intake.load_image` itself (regular
+otherwise. Local files are read as :func:`sapiens2.inputs.intake.load_image` reads them (regular
 files only, never a FIFO or a device); other sources are read through the filesystem with the
 same byte limit. A source that cannot be read becomes an error row, never a failed run.
 """
@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import InputImageError, OptionError
-from ..inputs.intake import DEFAULT_MAX_SIDE, IMAGE_EXTENSIONS, Intake, load_image
+from ..inputs.intake import DEFAULT_MAX_SIDE, IMAGE_EXTENSIONS, Intake, load_image, read_image_file
 from ..inputs.limits import MAX_FILE_BYTES
 from ..outputs.export import file_stem
 
@@ -205,17 +205,16 @@ def list_sources(location: str, filesystem: pafs.FileSystem | None = None) -> li
     return [name_of(location, path, filesystem)]
 
 
-def read_intake(
-    source: str, filesystem: pafs.FileSystem | None = None, *, max_side: int = DEFAULT_MAX_SIDE
-) -> Intake:
-    """The decoded photo of one source (InputImageError, with a message a person can act on,
-    when it cannot be read or decoded)."""
+def read_source(source: str, filesystem: pafs.FileSystem | None = None) -> tuple[bytes, str]:
+    """One source's file bytes and its export name (InputImageError, with a message a person can
+    act on, when it cannot be read). Local files: regular files only, never blocking."""
     try:
         fs, path = resolve(source, filesystem)
     except OptionError as err:
         raise InputImageError(str(err)) from None
+    name = file_stem(PurePosixPath(path).name)
     if isinstance(fs, pafs.LocalFileSystem):
-        return load_image(Path(path), max_side=max_side)  # regular files only, without blocking
+        return read_image_file(Path(path)), name
     try:
         with fs.open_input_stream(path) as f:
             data = f.read(MAX_FILE_BYTES + 1)
@@ -225,9 +224,22 @@ def read_intake(
         raise InputImageError(f"Could not read {source!r}: {_first_line(err)}") from None
     if len(data) > MAX_FILE_BYTES:
         raise InputImageError(f"{source!r} is over the {MAX_FILE_BYTES >> 20} MiB limit of one image.")
+    return data, name
+
+
+def decode_source(data: bytes, name: str, *, max_side: int = DEFAULT_MAX_SIDE) -> Intake:
+    """The decoded photo of a source's bytes (the same photo every time: a step after the device
+    may decode the bytes again rather than carry the pixels)."""
     intake = load_image(data, max_side=max_side)
-    intake.name = file_stem(PurePosixPath(path).name)
+    intake.name = name
     return intake
+
+
+def read_intake(
+    source: str, filesystem: pafs.FileSystem | None = None, *, max_side: int = DEFAULT_MAX_SIDE
+) -> Intake:
+    """The decoded photo of one source (InputImageError when it cannot be read or decoded)."""
+    return decode_source(*read_source(source, filesystem), max_side=max_side)
 
 
 def _first_line(err: BaseException) -> str:

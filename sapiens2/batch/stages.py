@@ -2,6 +2,11 @@
 -> prep`` (CPU), ``forward(preps) -> raws`` (the device, weights loaded once), ``finish(raw,
 geometry, source) -> row`` (CPU). The engines know nothing else of the tasks.
 
+A task whose people come from a detector (pose with its DETR) has one more pair, so the photo
+never goes to a device step: ``people_input(intake)`` (CPU: the detector's input, a small uint8
+copy), ``find_people(inputs)`` (the device: the detector alone, no task weights), then
+``prepare(intake, people)`` (CPU: the person crops, the task's network input).
+
 The CPU stages are the tasks' own weight-free stages: ``Pipeline.without_weights`` (the task's
 ``prepare`` and ``finish`` with its size, network size and parts, and no model built or loaded),
 so a CPU worker never holds a model. Options come resolved in the plan (``job.task_plan``: the
@@ -67,6 +72,7 @@ class TaskStages:
     plan: TaskPlan
     _cpu: Any = field(default=None, repr=False)
     _device: Any = field(default=None, repr=False)
+    _finder: Any = field(default=None, repr=False)
 
     @property
     def task(self) -> Task:
@@ -89,8 +95,22 @@ class TaskStages:
             self._cpu = self._shell(self.plan.model, **self.plan.pipeline_kwargs, **borrowed)
         return self._cpu
 
-    def prepare(self, intake: Intake) -> Any:
-        return self.cpu_pipeline().prepare(intake, **self.plan.options)
+    def prepare(self, intake: Intake, people: Any = None) -> Any:
+        """The task's network input (``people``: what :meth:`find_people` found in this photo)."""
+        extra = {} if people is None else {"people": people}
+        return self.cpu_pipeline().prepare(intake, **self.plan.options, **extra)
+
+    @property
+    def finds_people(self) -> bool:
+        """The task's people come from a device step of their own (:meth:`find_people`)."""
+        apart = getattr(self.cpu_pipeline(), "people_apart", None)
+        return bool(apart and apart())
+
+    def people_input(self, intake: Intake) -> Any | None:
+        """The detector's input for this photo (None: :meth:`prepare` needs no people step)."""
+        if not self.finds_people:
+            return None
+        return self.cpu_pipeline().people_input(intake, **self.plan.options)
 
     def finish(self, raw: Any, geometry: Geometry, source: str) -> dict[str, Any]:
         result = self.cpu_pipeline().finish(raw, geometry.intake(), **self.plan.options)
@@ -113,6 +133,20 @@ class TaskStages:
             )
             self._device = self._sized(pipe)
         return self._device
+
+    def load_finder(self, device: str) -> Any:
+        """The task's people finder on ``device``: its pipeline without weights, whose detector
+        loads on first use (the detector alone, never the task's model)."""
+        if self._finder is None:
+            finder = self._shell(self.plan.model, device=device, **self.plan.pipeline_kwargs)
+            finder.warm_people()  # a detector checkpoint that cannot load stops the run here
+            self._finder = finder
+        return self._finder
+
+    def find_people(self, inputs: list[Any]) -> list[Any]:
+        if self._finder is None:
+            raise RuntimeError("TaskStages.load_finder() comes before find_people().")
+        return list(self._finder.find_people(inputs, **self.plan.options))
 
     def forward(self, preps: list[Any]) -> list[Any]:
         if self._device is None:

@@ -51,6 +51,9 @@ def add(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rows-per-part", type=int, metavar="N",
                         help="rows per committed Parquet part (default: 256; 16 with photo-size arrays)")  # fmt: skip
+    parser.add_argument("--detector-checkpoint", metavar="PATH",
+                        help="the person detector's DETR checkpoint, a file or folder every worker can read "
+                        "(default: facebook/detr-resnet-50 from the Hugging Face cache)")  # fmt: skip
     parser.add_argument("--network-size", metavar="HxW",
                         help="network input instead of the checkpoint's (models trained at another size, quick tests)")  # fmt: skip
     ray = parser.add_argument_group("ray engine")
@@ -62,7 +65,13 @@ def add(parser: argparse.ArgumentParser) -> None:
                      help="GPUs per forward actor, fractions share a GPU (default: 1 with --address or a local "
                      "GPU, else 0)")  # fmt: skip
     ray.add_argument("--cpus-per-actor", type=float, metavar="C",
-                     help="CPUs per forward actor (default: 1 beside a GPU; on CPUs a share leaving one CPU free)")  # fmt: skip
+                     help="CPUs per actor (default: 1 beside a GPU; on CPUs a share leaving one CPU free)")  # fmt: skip
+    ray.add_argument("--detector-actors", type=int, metavar="N",
+                     help="person-detector actors per task that detects people (default: --actors on a GPU "
+                     "job; 0 on CPUs, where the read step detects)")  # fmt: skip
+    ray.add_argument("--detector-gpus", type=float, metavar="G",
+                     help="GPUs per person-detector actor (default: 0.1 on a GPU job, the forward actors "
+                     "then get 0.9 unless --gpus-per-actor says otherwise)")  # fmt: skip
     _add_task_options(parser)
 
 
@@ -104,7 +113,9 @@ def _sizes(specs: list[str]) -> tuple[str | None, dict[registry.Task, str]]:
 
 def _on_gpu(args: argparse.Namespace) -> bool:
     if args.engine == "ray":
-        return (args.gpus_per_actor or 0) > 0
+        if args.gpus_per_actor is None:  # the actors' default: a GPU each where there are GPUs
+            return bool(args.address) or _local_gpu()
+        return args.gpus_per_actor > 0
     if args.device:
         return args.device.startswith("cuda")
     import torch
@@ -120,8 +131,6 @@ def build_job(args: argparse.Namespace) -> tuple[Any, str, Any]:
     from ..models.checkpoints import Checkpoints
 
     names, source = args.tasks, args.input
-    if args.engine == "ray" and args.gpus_per_actor is None:
-        args.gpus_per_actor = 1.0 if args.address or _local_gpu() else 0.0
     gpu = _on_gpu(args)
     checkpoints = Checkpoints.parse(args.checkpoint)
     every, per_task = _sizes(args.size)
@@ -129,7 +138,7 @@ def build_job(args: argparse.Namespace) -> tuple[Any, str, Any]:
     plans = []
     for task in dict.fromkeys(registry.get(n) for n in names):  # the command's names, looked up once
         values = {o.name: getattr(args, o.name, None) for o in task.options if o.stage == "infer"}
-        switches: dict[str, Any] = {}
+        switches: dict[str, Any] = _detector(args, task)
         for switch in task.cli_switches:
             if getattr(args, switch.flag.lstrip("-").replace("-", "_"), False):
                 switches.update(switch.kwargs)
@@ -147,8 +156,26 @@ def build_job(args: argparse.Namespace) -> tuple[Any, str, Any]:
     if args.engine == "ray":
         from ..batch.ray_engine import RayOptions
 
-        engine_options = RayOptions(args.address, args.actors, args.gpus_per_actor, args.cpus_per_actor)
+        engine_options = RayOptions(
+            args.address, args.actors, args.gpus_per_actor, args.cpus_per_actor,
+            detector_actors=args.detector_actors, detector_gpus=args.detector_gpus,
+        )  # fmt: skip
     return job, source, engine_options
+
+
+def _detector(args: argparse.Namespace, task: registry.Task) -> dict[str, Any]:
+    """``--detector-checkpoint``: the DETR of the tasks that detect people, as an absolute path
+    (checked here, so a missing file stops the run before any photo)."""
+    from pathlib import Path
+
+    from ..errors import OptionError
+
+    if not args.detector_checkpoint or "detector" not in task.pipeline.parts:
+        return {}
+    path = Path(args.detector_checkpoint).expanduser().absolute()
+    if not path.exists():
+        raise OptionError(f"--detector-checkpoint {args.detector_checkpoint!r}: no such file or folder.")
+    return {"detector": str(path)}
 
 
 def _local_gpu() -> bool:

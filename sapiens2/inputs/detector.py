@@ -125,6 +125,27 @@ def resize_shape(
     return (target, other) if height <= width else (other, target)
 
 
+def resize_for_detr(
+    image: np.ndarray, shortest: int = SHORTEST_EDGE, longest: int = LONGEST_EDGE
+) -> np.ndarray:
+    """(H, W, 3) uint8 RGB at DETR's input size (:func:`resize_shape`; bilinear, PIL), uint8 still:
+    the detector's network input before normalisation, a quarter of its float bytes."""
+    h, w = resize_shape(image.shape[0], image.shape[1], shortest, longest)
+    if (h, w) != image.shape[:2]:
+        image = np.array(Image.fromarray(image).resize((w, h), Image.BILINEAR))  # writable copy for torch
+    return np.ascontiguousarray(image)
+
+
+def normalise(
+    pixels: np.ndarray, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Resized uint8 RGB -> (1, 3, h, w) network input: /255, ImageNet mean/std."""
+    x = torch.from_numpy(pixels).to(device).permute(2, 0, 1)[None].float() / 255.0
+    mean = torch.tensor(zoo.IMAGE_MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(zoo.IMAGE_STD, device=device).view(1, 3, 1, 1)
+    return ((x - mean) / std).to(dtype)
+
+
 def preprocess(
     image: np.ndarray,
     device: torch.device | str = "cpu",
@@ -133,13 +154,35 @@ def preprocess(
     longest: int = LONGEST_EDGE,
 ) -> torch.Tensor:
     """(H, W, 3) uint8 RGB -> (1, 3, h, w) network input: bilinear resize (PIL), /255, ImageNet mean/std."""
+    return normalise(resize_for_detr(image, shortest, longest), device, dtype)
+
+
+@dataclass
+class DetectorInput:
+    """One image's detector input made on a CPU (:func:`detector_input`), so a device step can
+    find its people without the image: the uint8 pixels at DETR's size (or the image itself when
+    DETR would enlarge it: the smaller of the two) and the size of the image the boxes are for."""
+
+    pixels: np.ndarray  # (h, w, 3) uint8: DETR's input size, or the image when that is smaller
+    image_hw: tuple[int, int]
+    edges: tuple[int, int] = (SHORTEST_EDGE, LONGEST_EDGE)  # the resize rule it is for
+
+    def network_pixels(self) -> np.ndarray:
+        """The uint8 pixels at DETR's input size (resized here when the image came as it is)."""
+        if tuple(self.pixels.shape[:2]) == tuple(self.image_hw):
+            return resize_for_detr(self.pixels, *self.edges)
+        return self.pixels
+
+
+def detector_input(
+    image: np.ndarray, shortest: int = SHORTEST_EDGE, longest: int = LONGEST_EDGE
+) -> DetectorInput:
+    """The detector's input for ``image`` (boxes found in it come back in ``image``'s pixels):
+    resized here when that makes it smaller, else the image (enlarged on the device's side)."""
+    image = _check_image(image)
     h, w = resize_shape(image.shape[0], image.shape[1], shortest, longest)
-    if (h, w) != image.shape[:2]:
-        image = np.array(Image.fromarray(image).resize((w, h), Image.BILINEAR))  # writable copy for torch
-    pixels = torch.from_numpy(np.ascontiguousarray(image)).to(device).permute(2, 0, 1)[None].float() / 255.0
-    mean = torch.tensor(zoo.IMAGE_MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(zoo.IMAGE_STD, device=device).view(1, 3, 1, 1)
-    return ((pixels - mean) / std).to(dtype)
+    pixels = resize_for_detr(image, shortest, longest) if h * w < image.shape[0] * image.shape[1] else image
+    return DetectorInput(pixels, image.shape[:2], (shortest, longest))
 
 
 def person_boxes(
@@ -208,15 +251,15 @@ def as_boxes(boxes: Any, what: str = "boxes", dtype: Any = np.float32) -> np.nda
     return arr
 
 
-def _whole_image(image: np.ndarray, notice: str, notices: list[str] | None = None) -> Detections:
-    h, w = image.shape[:2]
+def _whole_image(hw: tuple[int, int], notice: str, notices: list[str] | None = None) -> Detections:
+    h, w = hw
     # the release's fallback (vis_pose.py): the last pixel's centre, not the far image edge
     box = np.array([[0.0, 0.0, w - 1, h - 1]], dtype=np.float32)
     return Detections(box, np.ones(1, np.float32), "whole_image", 0, [*(notices or []), notice])
 
 
 def _finalize(
-    image: np.ndarray,
+    hw: tuple[int, int],
     boxes: torch.Tensor,
     scores: torch.Tensor,
     score_threshold: float,
@@ -224,8 +267,8 @@ def _finalize(
     max_people: int,
     notices: list[str] | None = None,
 ) -> Detections:
-    """Clip to the image, drop low scores and empty boxes, NMS, sort, cap: detector Detections."""
-    h, w = image.shape[:2]
+    """Clip to the image (``hw``), drop low scores and empty boxes, NMS, sort, cap: detector Detections."""
+    h, w = hw
     boxes = boxes.float().cpu().clone()
     scores = scores.float().cpu()
     boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
@@ -344,27 +387,40 @@ class PersonDetector:
         person = _config_person_label(config, path)
         return cls(model, person_label=person, source_path=str(path), channels_last=channels_last)
 
-    @torch.inference_mode()
+    def input_for(self, image: np.ndarray) -> DetectorInput:
+        """``image``'s input to this detector (its resize rule), made on the CPU."""
+        return detector_input(image, self.shortest_edge, self.longest_edge)
+
     def raw(self, image: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """All person-class queries of ``image`` (boxes xyxy in pixels, scores), before any filtering."""
-        image = _check_image(image)
-        pixels = preprocess(image, self.device, self.dtype, self.shortest_edge, self.longest_edge)
+        return self.raw_input(self.input_for(image))
+
+    @torch.inference_mode()
+    def raw_input(self, inp: DetectorInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`raw` of an input made on a CPU (the same numbers as from the image itself)."""
+        if tuple(inp.edges) != (self.shortest_edge, self.longest_edge):
+            raise OptionError(
+                f"The detector input was resized for edges {tuple(inp.edges)}; this detector takes "
+                f"{(self.shortest_edge, self.longest_edge)}."
+            )
+        pixels = normalise(inp.network_pixels(), self.device, self.dtype)
         if self.channels_last:
             pixels = pixels.contiguous(memory_format=torch.channels_last)
         logits, boxes = self.model(pixels)
-        return person_boxes(logits[0], boxes[0], image.shape[0], image.shape[1], self.person_label)
+        return person_boxes(logits[0], boxes[0], inp.image_hw[0], inp.image_hw[1], self.person_label)
 
     def __call__(
         self,
-        image: np.ndarray,
+        image: np.ndarray | DetectorInput,
         *,
         score_threshold: float = 0.3,
         iou_threshold: float = 0.3,
         max_people: int = 20,
     ) -> Detections:
         check_options(score_threshold, iou_threshold, max_people)
-        boxes, scores = self.raw(image)
-        return _finalize(image, boxes, scores, score_threshold, iou_threshold, max_people)
+        inp = image if isinstance(image, DetectorInput) else self.input_for(image)
+        boxes, scores = self.raw_input(inp)
+        return _finalize(inp.image_hw, boxes, scores, score_threshold, iou_threshold, max_people)
 
 
 # ----------------------------------------------------------------------------- public entry
@@ -383,7 +439,8 @@ def _reset_auto_lock() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_auto_lock)
 
-DetectorArg = Literal["auto"] | PersonDetector | Callable[[np.ndarray], Any] | None
+DetectorArg = Literal["auto"] | str | os.PathLike | PersonDetector | Callable[[np.ndarray], Any] | None
+_LOADED: dict[tuple[str, str], PersonDetector] = {}  # detectors from a given checkpoint, per device
 
 
 def _auto_detector(device: torch.device | str | None = None) -> PersonDetector:
@@ -395,6 +452,17 @@ def _auto_detector(device: torch.device | str | None = None) -> PersonDetector:
         if key not in _AUTO:
             _AUTO[key] = PersonDetector.load(device=dev)
         return _AUTO[key]
+
+
+def detector_from(checkpoint: str | os.PathLike, device: torch.device | str | None = None) -> PersonDetector:
+    """The DETR of ``checkpoint`` (a file or folder) on ``device``, loaded once per process;
+    WeightsUnavailableError / CheckpointError when it is missing or not a DETR."""
+    dev = canonical_device(device)
+    key = (str(Path(checkpoint).expanduser().absolute()), str(dev))
+    with _AUTO_LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = PersonDetector.load(key[0], device=dev)
+        return _LOADED[key]
 
 
 def warm_detector(device: torch.device | str | None = None) -> bool:
@@ -431,7 +499,7 @@ def _from_callable(
     if sc.shape != (len(arr),):
         raise OptionError(f"The injected detector returned {len(arr)} boxes but {sc.size} scores.")
     return _finalize(
-        image,
+        image.shape[:2],
         torch.from_numpy(arr),
         torch.from_numpy(sc),
         score_threshold,
@@ -465,8 +533,43 @@ def _auto_detector_or_none(device: torch.device | str | None) -> PersonDetector 
         return None
 
 
+def _no_weights_notice() -> str:
+    spec = zoo.DETECTOR
+    return (
+        f"No person detector here (the weights of {spec.repo_id} are not in the Hugging Face cache "
+        f"and cannot be downloaded): the whole image is used as one person box. To detect people, "
+        f"go online once, or put {spec.filename} at ${ENV_VAR}/{spec.local_path}."
+    )
+
+
+def _wrong_detector(detector: Any) -> OptionError:
+    what = repr(detector) if isinstance(detector, str) else type(detector).__name__
+    return OptionError(
+        f"detector must be 'auto', None, a DETR checkpoint path, a PersonDetector or a callable; got {what}."
+    )
+
+
+def load_detector(detector: Any, device: torch.device | str | None = None) -> Any:
+    """What :func:`detect_people` runs for ``detector``, loaded now: ``"auto"`` -> the shared DETR
+    (None when its weights are missing here); a path -> that checkpoint's DETR (raises when it is
+    missing or not a DETR); anything else as it is."""
+    return _named_detector(detector, device)
+
+
+def _named_detector(detector: Any, device: torch.device | str | None) -> Any:
+    """``"auto"`` -> the shared DETR (None when its weights are missing here); a path -> that
+    checkpoint's DETR; anything else as it is."""
+    if isinstance(detector, str) and detector == "auto":
+        return _auto_detector_or_none(device)
+    if isinstance(detector, (str, os.PathLike)):
+        if not str(detector).strip():
+            raise _wrong_detector(detector)
+        return detector_from(detector, device)
+    return detector
+
+
 def detect_people(
-    image: np.ndarray,
+    image: np.ndarray | DetectorInput,
     *,
     boxes: Any = None,
     detector: DetectorArg = "auto",
@@ -482,48 +585,40 @@ def detect_people(
       if available, else CPU); if its weights are not available here, the whole image is one
       box and a notice says how to get them.
     - ``detector=None``: the whole image is one box.
-    - a :class:`PersonDetector` or any callable ``f(image) -> boxes | (boxes, scores) | Detections``.
+    - a DETR checkpoint (a path: file or folder, loaded once per process and device), a
+      :class:`PersonDetector` or any callable ``f(image) -> boxes | (boxes, scores) | Detections``.
     Boxes scoring ``<= score_threshold`` are dropped, overlaps above ``iou_threshold`` suppressed,
     and at most ``max_people`` kept (a notice says how many were found). Nobody found: whole image.
+
+    ``image`` may be a :class:`DetectorInput` made on a CPU (:func:`detector_input`): the same
+    boxes, in the pixels of the image it was made from, without that image (not with a callable).
     """
-    image = _check_image(image)
+    prepared = image if isinstance(image, DetectorInput) else None
+    if prepared is None:
+        image = _check_image(image)
     check_options(score_threshold, iou_threshold, max_people)
-    h, w = image.shape[:2]
+    hw = prepared.image_hw if prepared is not None else image.shape[:2]
 
     if boxes is not None:
-        return _caller_boxes(boxes, w, h)
-
+        return _caller_boxes(boxes, hw[1], hw[0])
     if detector is None:
-        return _whole_image(image, "Person detection is off: the whole image is used as one person box.")
-
-    if isinstance(detector, str):
-        if detector != "auto":
-            raise OptionError(
-                f"detector must be 'auto', None, a PersonDetector or a callable; got {detector!r}."
-            )
-        detector = _auto_detector_or_none(device)
-        if detector is None:
-            spec = zoo.DETECTOR
-            return _whole_image(
-                image,
-                f"No person detector here (the weights of {spec.repo_id} are not in the Hugging Face cache "
-                f"and cannot be downloaded): the whole image is used as one person box. To detect people, "
-                f"go online once, or put {spec.filename} at ${ENV_VAR}/{spec.local_path}.",
-            )
-
+        return _whole_image(hw, "Person detection is off: the whole image is used as one person box.")
+    if not (isinstance(detector, (str, os.PathLike, PersonDetector)) or callable(detector)):
+        raise _wrong_detector(detector)
+    detector = _named_detector(detector, device)
+    if detector is None:
+        return _whole_image(hw, _no_weights_notice())
     if isinstance(detector, PersonDetector):
         found = detector(
             image, score_threshold=score_threshold, iou_threshold=iou_threshold, max_people=max_people
         )
-    elif callable(detector):
-        found = _from_callable(image, detector, score_threshold, iou_threshold, max_people)
+    elif prepared is not None:
+        raise OptionError("A callable detector needs the image itself, not a DetectorInput.")
     else:
-        raise OptionError(
-            f"detector must be 'auto', None, a PersonDetector or a callable; got {type(detector).__name__}."
-        )
+        found = _from_callable(image, detector, score_threshold, iou_threshold, max_people)
     if len(found) == 0:
         return _whole_image(
-            image,
+            hw,
             f"No person found with score above {score_threshold}: the whole image is used as one person box.",
             found.notices,
         )

@@ -205,6 +205,11 @@ def _check_regular(mode: int, name: str) -> None:
         raise InputImageError(f"{name!r} is {kind}, not an image file.")
 
 
+def read_image_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of an image file as :func:`load_image` reads a path (InputImageError otherwise)."""
+    return _read_file(Path(path), max_bytes)
+
+
 def _read_file(path: Path, max_bytes: int) -> bytes:
     """The bytes of a regular file, at most ``max_bytes`` (never blocks, never reads a device).
 

@@ -12,6 +12,7 @@ docs/FIDELITY_POSE.md compares each step with the release.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,7 @@ from .pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw
 from .registry import Switch, Task, Video, View
 
 if TYPE_CHECKING:
-    from ..inputs.detector import Detections
+    from ..inputs.detector import Detections, DetectorInput
 
 __all__ = ["PosePipeline", "PosePrep", "PoseRaw", "PoseResult", "decode_heatmaps", "flip_back", "merge_flip"]
 
@@ -95,13 +96,19 @@ class PosePipeline(Pipeline):
 
     def prepare(
         self, intake: Intake, *, boxes: Any = None, flip_test: bool | None = None, keypoints_3d: bool = False,
-        input_hw: Any = None, **_: Any,
+        input_hw: Any = None, people: Detections | None = None, **_: Any,
     ) -> PosePrep:  # fmt: skip
         """The device step's input: caller boxes checked and clipped (OptionError when unusable),
         and the uint8 pixels the device step needs (see :class:`PosePrep`); with ``keypoints_3d``
         the pointmap's own prep too. ``input_hw``: another crop size than the checkpoint's
-        (:meth:`~sapiens2.tasks.base.Pipeline.input_size`)."""
-        prep = self._prepare_pose(intake, boxes, flip_test, self.input_size(input_hw))
+        (:meth:`~sapiens2.tasks.base.Pipeline.input_size`). ``people``: what :meth:`find_people`
+        found in this photo (working-copy pixels), used as the detector's own result would be."""
+        hw = self.input_size(input_hw)
+        if people is not None:
+            self._flip_test(flip_test)
+            prep = self._cropped(PosePrep(intake.work, people.boxes, found=people), hw)
+        else:
+            prep = self._prepare_pose(intake, boxes, flip_test, hw)
         prep.pointmap = pose_3d.prepare(self.pointmap, intake, prep.notices) if keypoints_3d else None
         return prep
 
@@ -121,6 +128,45 @@ class PosePipeline(Pipeline):
         # a Detections works too; detect_people checks the shape and clips to the image
         found = detect_people(work, boxes=intake.boxes_to_work(getattr(boxes, "boxes", boxes)))
         return self._cropped(PosePrep(work, found.boxes, notices=notices), hw)
+
+    def people_input(self, intake: Intake, *, boxes: Any = None, **_: Any) -> DetectorInput | None:
+        """CPU: the person detector's input for ``intake`` (its working copy at the DETR's input
+        size, uint8), when this pipeline's people come from a DETR and no boxes are given; else None
+        (:meth:`prepare` knows the people, or a callable detector needs the photo in :meth:`infer`).
+        With it, a batch finds the people in a device step of its own (:meth:`find_people`) and
+        prepares the crops after it, so the photo never goes to a device step."""
+        from ..inputs.detector import PersonDetector, detector_input
+
+        if boxes is not None or not self.people_apart():
+            return None
+        if isinstance(self.detector, PersonDetector):
+            return self.detector.input_for(intake.work)
+        return detector_input(intake.work)  # "auto" or a checkpoint: the DETR's own resize rule
+
+    def people_apart(self) -> bool:
+        """The people come from a DETR (``"auto"``, a checkpoint path, a PersonDetector), which
+        :meth:`find_people` can run on its inputs alone; not for no detector or a callable."""
+        from ..inputs.detector import PersonDetector
+
+        return isinstance(self.detector, (str, os.PathLike, PersonDetector))
+
+    def warm_people(self) -> None:
+        """Load the detector :meth:`find_people` runs, now: a missing or broken DETR checkpoint
+        path raises here, before any photo (``"auto"`` without weights: the whole photo, later)."""
+        from ..inputs.detector import load_detector
+
+        if self.people_apart():
+            load_detector(self.detector, self.device)
+
+    def find_people(
+        self, inputs: list[DetectorInput], *, score_threshold: float = 0.3, max_people: int = 20, **_: Any
+    ) -> list[Detections]:
+        """The device step between :meth:`people_input` and ``prepare(..., people=)``: the people of
+        each input, as :meth:`infer` would find them in the working copy."""
+        from ..inputs.detector import check_options
+
+        check_options(score_threshold, max_people=max_people)
+        return [self.detect(inp, score_threshold=score_threshold, max_people=max_people) for inp in inputs]
 
     def _cropped(self, prep: PosePrep, hw: tuple[int, int]) -> PosePrep:
         """``prep`` with the release's uint8 ``hw`` person crops instead of the working copy, when
@@ -214,7 +260,9 @@ class PosePipeline(Pipeline):
             return Detections(prep.boxes, np.ones(len(prep.boxes), np.float32), "caller", len(prep.boxes))
         return self.detect(prep.image, score_threshold=score_threshold, max_people=max_people)
 
-    def detect(self, rgb: np.ndarray, *, score_threshold: float = 0.3, max_people: int = 20) -> Detections:
+    def detect(
+        self, rgb: np.ndarray | DetectorInput, *, score_threshold: float = 0.3, max_people: int = 20
+    ) -> Detections:
         """The people in ``rgb`` as this pipeline finds them (its ``detector``), in its pixels."""
         from ..inputs.detector import detect_people
 
