@@ -370,6 +370,13 @@ def test_pose_with_its_detector_never_passes_the_photos_pixels_to_a_device_step(
     flow.find_people([item], stages[pose])
     assert pose in item.people and not item.people_inputs
     far = flow.Item.loads(item.dumps())  # as another process gets it: the photo decoded again
+    spoilt = flow.Item.loads(item.dumps())
+    spoilt.photo = spoilt.photo[:5000]  # a file that no longer decodes: that task's error, nothing lost
+    flow.prepare_found([spoilt], stages, max_side=job.max_side)
+    assert (
+        spoilt.errors[pose].startswith("InputImageError") and pose not in spoilt.preps and seg in spoilt.preps
+    )
+    assert spoilt.photo is None and not spoilt.people
     flow.prepare_found([far], stages, max_side=job.max_side)
     flow.prepare_found([item], stages, max_side=job.max_side)
     assert far.photo is None and item.photo is None and item.intake is None

@@ -113,18 +113,7 @@ def _in_batch_then_alone(todo: list[Item], task: Task, run: Callable[[list[Item]
 
 def find_people(items: Sequence[Item], stage: TaskStages) -> None:
     """The device step of a task that finds people first: its detector on every item's input."""
-    task = stage.task
-    todo = [it for it in items if task in it.people_inputs]
-
-    def run(some: list[Item]) -> None:
-        found = stage.find_people([it.people_inputs[task] for it in some])
-        _check_count(found, some, task, "people")
-        for it, people in zip(some, found, strict=True):
-            it.people[task] = people
-            del it.people_inputs[task]
-
-    if todo:
-        _in_batch_then_alone(todo, task, run)
+    _device_step(items, stage.task, "people_inputs", "people", stage.find_people)
 
 
 def prepare_found(items: Sequence[Item], stages: Mapping[Task, TaskStages], *, max_side: int) -> None:
@@ -132,44 +121,51 @@ def prepare_found(items: Sequence[Item], stages: Mapping[Task, TaskStages], *, m
     (the photo decoded again from its bytes when this is another process), then the photo dropped."""
     for it in items:
         if it.people:
-            try:
-                intake = it.intake
-                if intake is None:  # another process: the same photo from its file's bytes
-                    intake = decode_source(it.photo or b"", it.geometry.name, max_side=max_side)
-            except Exception as err:
-                for task in it.people:
-                    it.errors[task] = describe_error(err)
-                intake = None
-            for task, people in it.people.items() if intake is not None else ():
-                try:
-                    it.preps[task] = stages[task].prepare(intake, people)
-                except Exception as err:
-                    it.errors[task] = describe_error(err)
-            it.people.clear()
+            _prepare_people(it, stages, max_side)
         if not it.people_inputs:
             it.photo = it.intake = None
+
+
+def _prepare_people(item: Item, stages: Mapping[Task, TaskStages], max_side: int) -> None:
+    error = ""
+    try:
+        intake = item.intake
+        if intake is None:  # another process: the same photo from its file's bytes
+            intake = decode_source(item.photo or b"", item.geometry.name, max_side=max_side)
+    except Exception as err:
+        intake, error = None, describe_error(err)
+    for task, people in item.people.items():
+        try:
+            if intake is None:  # the photo's bytes would not decode: each waiting task's error
+                item.errors[task] = error
+            else:
+                item.preps[task] = stages[task].prepare(intake, people)
+        except Exception as err:
+            item.errors[task] = describe_error(err)
+    item.people.clear()
 
 
 def forward(items: Sequence[Item], stage: TaskStages) -> None:
     """ONE forward of ``stage``'s task for every item that has its prep; a batch that fails is
     run again photo by photo, so one bad photo costs only its own row."""
-    task = stage.task
-    todo = [it for it in items if task in it.preps]
+    _device_step(items, stage.task, "preps", "raws", stage.forward)
+
+
+def _device_step(items: Sequence[Item], task: Task, takes: str, gives: str, run_step: Callable) -> None:
+    """``run_step`` on the ``takes`` entries of ``task`` (one call for the batch, else photo by
+    photo), each result stored in ``gives`` and what it took dropped (not carried any further)."""
+    todo = [it for it in items if task in getattr(it, takes)]
 
     def run(some: list[Item]) -> None:
-        raws = stage.forward([it.preps[task] for it in some])
-        _check_count(raws, some, task, "results")
-        for it, raw in zip(some, raws, strict=True):
-            it.raws[task] = raw
-            del it.preps[task]  # the network input is not carried any further
+        out = run_step([getattr(it, takes)[task] for it in some])
+        if len(out) != len(some):
+            raise RuntimeError(f"The {task.name} device step gave {len(out)} results for {len(some)} photos.")
+        for it, value in zip(some, out, strict=True):
+            getattr(it, gives)[task] = value
+            del getattr(it, takes)[task]
 
     if todo:
         _in_batch_then_alone(todo, task, run)
-
-
-def _check_count(out: list[Any], todo: list[Item], task: Task, what: str) -> None:
-    if len(out) != len(todo):
-        raise RuntimeError(f"The {task.name} device step gave {len(out)} {what} for {len(todo)} photos.")
 
 
 def _failed(item: Item, task: Task, err: BaseException) -> None:
