@@ -116,6 +116,17 @@ def find_people(items: Sequence[Item], stage: TaskStages) -> None:
     _device_step(items, stage.task, "people_inputs", "people", stage.find_people)
 
 
+def find_and_prepare(
+    items: Sequence[Item], finders: Sequence[TaskStages], stages: Mapping[Task, TaskStages], *, max_side: int
+) -> None:
+    """Both people steps in this process (the local engine; a Ray read step on CPUs): each
+    finder's detector, then the crops from the photo still in memory."""
+    for stage in finders:
+        find_people(items, stage)
+    if finders:
+        prepare_found(items, stages, max_side=max_side)
+
+
 def prepare_found(items: Sequence[Item], stages: Mapping[Task, TaskStages], *, max_side: int) -> None:
     """CPU, after :func:`find_people`: each task's network input from the photo and its people
     (the photo decoded again from its bytes when this is another process), then the photo dropped."""

@@ -34,9 +34,9 @@ def run_local(
     stages = stages_for(job.plans)
     for stage in stages.values():  # the weights, once; a missing checkpoint stops here, before any photo
         stage.load(job.forward_device(), job.dtype)
-        if stage.finds_people:
-            stage.load_finder(job.forward_device())
     finders = [s for s in stages.values() if s.finds_people]
+    for stage in finders:
+        stage.load_finder(job.forward_device())
     chunks = [todo[a : a + job.batch_size] for a in range(0, len(todo), job.batch_size)]
 
     def read(chunk: Sequence[tuple[str, tuple[Task, ...]]]) -> list[flow.Item]:
@@ -50,10 +50,7 @@ def run_local(
                 items = ahead.result()
                 if i + 1 < len(chunks):
                     ahead = reader.submit(read, chunks[i + 1])
-                for stage in finders:
-                    flow.find_people(items, stage)
-                if finders:
-                    flow.prepare_found(items, stages, max_side=job.max_side)
+                flow.find_and_prepare(items, finders, stages, max_side=job.max_side)
                 for task in job.tasks:
                     flow.forward(items, stages[task])
                 parts.add(flow.finish(items, stages), len(chunk))

@@ -122,12 +122,10 @@ def read_prepare_step(batch: pa.Table, job: BatchJob, label: str, find: tuple[st
     todo = [(source, tuple(job.task_named(n) for n in names)) for source, names in named]
     stages = _cpu_stages(job)
     items = flow.read_prepare(todo, stages, filesystem=job.filesystem, max_side=job.max_side)
-    for name in find:
-        stage = stages[job.task_named(name)]
+    finders = [stages[job.task_named(name)] for name in find]
+    for stage in finders:
         stage.load_finder("cpu")
-        flow.find_people(items, stage)
-    if find:
-        flow.prepare_found(items, stages, max_side=job.max_side)
+    flow.find_and_prepare(items, finders, stages, max_side=job.max_side)
     return _passed(items, label)
 
 

@@ -553,12 +553,6 @@ def load_detector(detector: Any, device: torch.device | str | None = None) -> An
     """What :func:`detect_people` runs for ``detector``, loaded now: ``"auto"`` -> the shared DETR
     (None when its weights are missing here); a path -> that checkpoint's DETR (raises when it is
     missing or not a DETR); anything else as it is."""
-    return _named_detector(detector, device)
-
-
-def _named_detector(detector: Any, device: torch.device | str | None) -> Any:
-    """``"auto"`` -> the shared DETR (None when its weights are missing here); a path -> that
-    checkpoint's DETR; anything else as it is."""
     if isinstance(detector, str) and detector == "auto":
         return _auto_detector_or_none(device)
     if isinstance(detector, (str, os.PathLike)):
@@ -605,7 +599,7 @@ def detect_people(
         return _whole_image(hw, "Person detection is off: the whole image is used as one person box.")
     if not (isinstance(detector, (str, os.PathLike, PersonDetector)) or callable(detector)):
         raise _wrong_detector(detector)
-    detector = _named_detector(detector, device)
+    detector = load_detector(detector, device)
     if detector is None:
         return _whole_image(hw, _no_weights_notice())
     if isinstance(detector, PersonDetector):

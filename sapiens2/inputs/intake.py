@@ -181,7 +181,7 @@ def _read_bytes(src: object, max_bytes: int) -> tuple[bytes, str]:
         return bytes(src), "image"
     if isinstance(src, (str, Path)):
         path = Path(src)
-        return _read_file(path, max_bytes), _safe_stem(path.name)
+        return read_image_file(path, max_bytes), _safe_stem(path.name)
     if hasattr(src, "read"):
         return _read_capped(src, max_bytes), _safe_stem(getattr(src, "name", "") or "")
     raise InputImageError(
@@ -206,11 +206,6 @@ def _check_regular(mode: int, name: str) -> None:
 
 
 def read_image_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of an image file as :func:`load_image` reads a path (InputImageError otherwise)."""
-    return _read_file(Path(path), max_bytes)
-
-
-def _read_file(path: Path, max_bytes: int) -> bytes:
     """The bytes of a regular file, at most ``max_bytes`` (never blocks, never reads a device).
 
     ``stat`` first, so a device is never even opened (opening some has side effects); then an
