@@ -51,10 +51,6 @@ def forced_items() -> int | None:
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
-def _dtype_bytes(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
-
-
 def _backbone_bytes(cfg: Any, input_hw: tuple[int, int], e: int) -> int:
     """The normalised input (float32, then ``dtype``), the patch tokens, and one block's widest
     moment over the encoder's tokens (the tokens also stay alive while the head runs)."""
@@ -87,7 +83,7 @@ def item_bytes(model: torch.nn.Module, input_hw: tuple[int, int], dtype: torch.d
     """Estimated peak bytes one input adds to a forward of ``model`` at ``input_hw`` in ``dtype``
     (see the module docstring); from ``model.arch`` (the loader's widths), else the zoo's row for
     ``model.size`` (backbone only), else :data:`UNKNOWN_ITEM_BYTES`."""
-    e = _dtype_bytes(dtype)
+    e = dtype.itemsize
     arch = getattr(model, "arch", None)
     cfg = getattr(arch, "backbone", None)
     if cfg is None:

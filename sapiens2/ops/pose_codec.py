@@ -68,12 +68,6 @@ def _max_ratio(before: torch.Tensor, blurred: torch.Tensor) -> torch.Tensor:
     return torch.where(after != 0, before / torch.where(after != 0, after, 1.0), 1.0)
 
 
-def blur_keep_max(maps: torch.Tensor, kernel: int = 11) -> torch.Tensor:
-    """(M, H, W) float32 -> Gaussian-blurred with a zero border, each map rescaled to its own max."""
-    x = _blur(maps, kernel)
-    return x * _max_ratio(maps.reshape(len(maps), -1).amax(1), x)[:, None, None]
-
-
 def _exact_log3(
     maps: torch.Tensor,
     ids: torch.Tensor,
@@ -276,7 +270,6 @@ def decode_crops(
 
 
 __all__ = [
-    "blur_keep_max",
     "decode_checked",
     "decode_crops",
     "decode_heatmaps",

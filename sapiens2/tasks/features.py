@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from ..inputs import network as network_input
 from ..inputs.intake import Intake
 from ..models.zoo import get_task
 from ..outputs.writers import NOW, Writer
 from .base import Pipeline, RunInfo, TaskResult
+from .dense import Timing, chunked_forward
 from .registry import Compare, Task, View
 
 
@@ -94,20 +94,14 @@ class FeaturesPipeline(Pipeline):
         return FeaturesPrep(cv2.resize(work, (w, h), interpolation=cv2.INTER_LINEAR))
 
     def infer(self, batch: list[FeaturesPrep], **_: Any) -> list[FeaturesRaw]:
-        if not batch:
-            return []
+        timings = [Timing() for _ in batch]
         raws: list[FeaturesRaw] = []
-        step = self.forward_chunk()  # a bounded forward: chunks of what the device's memory holds
-        for a in range(0, len(batch), step):
-            part = batch[a : a + step]
-            info = self.run_info()
-            pixels = network_input.network_batch([p.pixels for p in part], self.device, self.dtype)
-            out = self.timed_forward(info, pixels)
-            share = replace(info, model_s=info.model_s / len(part))  # one forward, shared
+        for a, out in chunked_forward(self, [p.pixels for p in batch], timings):  # a bounded forward
             emb, patches = out.cls_embedding.cpu(), out.patch_features.cpu()
-            raws += [
-                FeaturesRaw(emb[i].clone(), patches[i].clone(), replace(share)) for i in range(len(part))
-            ]
+            for i in range(len(emb)):
+                info = self.run_info()  # this photo's share of its chunk's forward
+                info.model_s, info.forward_started = timings[a + i].model_s, timings[a + i].forward_started
+                raws.append(FeaturesRaw(emb[i].clone(), patches[i].clone(), info))
         return raws
 
     def finish(self, raw: FeaturesRaw, intake: Intake, **_: Any) -> FeaturesResult:

@@ -117,12 +117,6 @@ def _number(where: str, opt: Option, value: Any) -> float | int:
     return num
 
 
-def default(options: Iterable[Option], name: str, gpu: bool = False) -> Any:
-    """The declared default of option ``name`` for the device (``gpu_default`` on a GPU): what a
-    pipeline uses for an option it is given as None, so a call and a plan agree."""
-    return next(o for o in options if o.name == name).default_for(gpu)
-
-
 def resolve(
     task: str,
     options: tuple[Option, ...],
@@ -168,4 +162,4 @@ def split(
     return infer, render
 
 
-__all__ = ["Kind", "Option", "Stage", "check", "default", "resolve", "split"]
+__all__ = ["Kind", "Option", "Stage", "check", "resolve", "split"]

@@ -26,8 +26,7 @@ from ..inputs.intake import ImageSource, Intake
 from ..models.cost import Work
 from ..models.zoo import get_task
 from ..ops.pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
-from ..ops.pose_crops import CropInfo, apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
-from . import options as opts
+from ..ops.pose_crops import apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
 from . import pose_3d
 from .base import Pipeline, RunInfo
 from .options import Option
@@ -89,7 +88,7 @@ class PosePipeline(Pipeline):
         """``flip_test`` checked; None becomes the declaration's default for the device (on for
         CUDA), as a batch plan resolves it (``Task.resolve``)."""
         if flip_test is None:
-            return bool(opts.default(OPTIONS, "flip_test", gpu=self.device.type == "cuda"))
+            return bool(TASK.defaults(gpu=self.device.type == "cuda")["flip_test"])
         if not isinstance(flip_test, bool):
             raise OptionError(f"flip_test must be True or False; got {flip_test!r}.")
         return flip_test
@@ -106,7 +105,7 @@ class PosePipeline(Pipeline):
         hw = self.input_size(input_hw)
         if people is not None:
             self._flip_test(flip_test)
-            prep = self._cropped(PosePrep(intake.work, people.boxes, found=people), hw)
+            prep = self._cropped(PosePrep(intake.work, found=people), hw)
         else:
             prep = self._prepare_pose(intake, boxes, flip_test, hw)
         prep.pointmap = pose_3d.prepare(self.pointmap, intake, prep.notices) if keypoints_3d else None
@@ -123,11 +122,11 @@ class PosePipeline(Pipeline):
             return PosePrep(work)  # the device step detects: it needs the photo
         if boxes is None:  # no detector: the whole photo is the box, known here
             whole = detect_people(work, detector=None)
-            return self._cropped(PosePrep(work, whole.boxes, found=whole), hw)
+            return self._cropped(PosePrep(work, found=whole), hw)
         notices = list(getattr(boxes, "notices", []))
         # a Detections works too; detect_people checks the shape and clips to the image
         found = detect_people(work, boxes=intake.boxes_to_work(getattr(boxes, "boxes", boxes)))
-        return self._cropped(PosePrep(work, found.boxes, notices=notices), hw)
+        return self._cropped(PosePrep(work, notices=notices, found=found), hw)
 
     def people_input(self, intake: Intake, *, boxes: Any = None, **_: Any) -> DetectorInput | None:
         """CPU: the person detector's input for ``intake`` (its working copy at the DETR's input
@@ -163,9 +162,6 @@ class PosePipeline(Pipeline):
     ) -> list[Detections]:
         """The device step between :meth:`people_input` and ``prepare(..., people=)``: the people of
         each input, as :meth:`infer` would find them in the working copy."""
-        from ..inputs.detector import check_options
-
-        check_options(score_threshold, max_people=max_people)
         return [self.detect(inp, score_threshold=score_threshold, max_people=max_people) for inp in inputs]
 
     def _cropped(self, prep: PosePrep, hw: tuple[int, int]) -> PosePrep:
@@ -200,7 +196,7 @@ class PosePipeline(Pipeline):
         for prep, det, pm in zip(batch, found, in_3d, strict=True):
             people = slice(start, start + len(det.boxes))
             start = people.stop
-            kp_work = apply_affine(kp[people], self._geometry(prep, det.boxes, hw).inverse).astype(np.float32)
+            kp_work = apply_affine(kp[people], crop_geometry(det.boxes, hw).inverse).astype(np.float32)
             bad_maps = int(bad[people].sum())
             raws.append(pose_raw(prep, det, kp_work, scores[people], bad_maps, flip, replace(share), pm))
         return raws
@@ -219,18 +215,14 @@ class PosePipeline(Pipeline):
 
     def _crops(
         self, prep: PosePrep, boxes: np.ndarray, hw: tuple[int, int], people: slice = slice(None)
-    ) -> tuple[torch.Tensor, CropInfo]:
-        """Normalised ``hw`` crops on the device and their geometry (crops made in prepare, or
-        here), of the ``people`` among ``boxes`` (each crop is its box's alone, so a slice is exact)."""
+    ) -> torch.Tensor:
+        """Normalised ``hw`` crops on the device (made in prepare, or here) of the ``people`` among
+        ``boxes`` (each crop is its box's alone, so a slice is exact)."""
         if prep.crops is None:
-            return crop_people(prep.image, boxes[people], device=self.device, dtype=self.dtype, out_hw=hw)
+            return crop_people(prep.image, boxes[people], device=self.device, dtype=self.dtype, out_hw=hw)[0]
         if tuple(prep.crops.shape[1:3]) != tuple(hw):
             raise OptionError(f"Pose crops of {prep.crops.shape[1:3]} were prepared; infer was given {hw}.")
-        return crops_to_device(prep.crops[people], boxes[people], self.device, self.dtype)
-
-    def _geometry(self, prep: PosePrep, boxes: np.ndarray, hw: tuple[int, int]) -> CropInfo:
-        """The crops' geometry of all ``boxes`` (as :meth:`_crops` makes it, without the pixels)."""
-        return crop_geometry(boxes, hw if prep.crops is None else prep.crops.shape[1:3])
+        return crops_to_device(prep.crops[people], boxes[people], self.device, self.dtype)[0]
 
     def _all_keypoints(
         self, batch: list[PosePrep], found: list[Detections], info: RunInfo, flip: bool, hw: tuple[int, int]
@@ -242,7 +234,7 @@ class PosePipeline(Pipeline):
         step = max(1, self.forward_chunk(hw) // (2 if flip else 1))
         parts = []
         for lo in range(0, sum(counts), step):
-            x = torch.cat([self._crops(batch[i], found[i].boxes, hw, people)[0]
+            x = torch.cat([self._crops(batch[i], found[i].boxes, hw, people)
                            for i, people in people_spans(counts, lo, lo + step)])  # fmt: skip
             parts.append(self._keypoints(x, info, flip, hw))
         if not parts:
@@ -252,12 +244,8 @@ class PosePipeline(Pipeline):
         return np.concatenate(kp), np.concatenate(scores), np.concatenate(bad)
 
     def _people(self, prep: PosePrep, score_threshold: float, max_people: int) -> Detections:
-        from ..inputs.detector import Detections
-
         if prep.found is not None:
             return prep.found
-        if prep.boxes is not None:
-            return Detections(prep.boxes, np.ones(len(prep.boxes), np.float32), "caller", len(prep.boxes))
         return self.detect(prep.image, score_threshold=score_threshold, max_people=max_people)
 
     def detect(

@@ -18,18 +18,22 @@ if TYPE_CHECKING:
 class PosePrep:
     """One photo's input to the device step (small and picklable: uint8 pixels, no model data).
 
-    Without boxes: the working copy, and the device step runs the detector. With ``boxes``
-    (P, 4, working-copy pixels: the caller's, or the whole photo's when the pipeline has no
-    detector): the release's uint8 person crops made here when they are smaller than the working
-    copy (a large photo), else the working copy.
+    Without ``found``: the working copy, and the device step runs the detector. With the people
+    ``found`` before the device step (the caller's boxes, the whole photo's when the pipeline has
+    no detector, or a detector step's): the release's uint8 person crops made here when they are
+    smaller than the working copy (a large photo), else the working copy.
     """
 
     image: np.ndarray | None  # (h, w, 3) uint8 working copy
-    boxes: np.ndarray | None = None
     crops: np.ndarray | None = None  # (P, H, W, 3) uint8 at the network input size
     notices: list[str] = field(default_factory=list)
     pointmap: Any = None  # the borrowed pointmap's prep (keypoints_3d)
-    found: Detections | None = None  # people found in prepare (no detector: the whole photo)
+    found: Detections | None = None  # people known before the device step (working-copy pixels)
+
+    @property
+    def boxes(self) -> np.ndarray | None:
+        """(P, 4) working-copy boxes of the people known before the device step (else None)."""
+        return None if self.found is None else self.found.boxes
 
 
 @dataclass

@@ -310,7 +310,7 @@ def all_progress(progress: Any, title: Mapping[str, str]) -> Callable[[str, str]
 # ----------------------------------------------------------------------------- generated endpoints
 
 
-def outputs_of(task: Task, presented: Presented, info: str) -> list[Any]:
+def outputs_of(presented: Presented, info: str) -> list[Any]:
     """A result's values in its endpoint's output order: slider pair (the small previews when
     made), views, downloads (every file), run info."""
     files = [str(p) for p in presented.files]
@@ -373,7 +373,7 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
             refuse(*values)
             photo, size, *opts = values
             shown = run(task, photo, size, progress, **dict(zip(names, opts, strict=True)))
-        return outputs_of(task, shown, timed_text(shown, queued, started))
+        return outputs_of(shown, timed_text(shown, queued, started))
 
     doc = _docstring(
         task.summary,
@@ -454,7 +454,7 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
         for task in tasks.values():
             value = shown.get(task.name)
             if isinstance(value, Presented):
-                out.extend(outputs_of(task, value, value.line))  # the task's own seconds
+                out.extend(outputs_of(value, value.line))  # the task's own seconds
             else:  # skipped: the tab says why
                 why = f"{task.tab} did not run. {for_visitor(value)}" if value is not None else None
                 out.extend([None] * (2 + len(task.views)) + [why])
