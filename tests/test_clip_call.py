@@ -116,6 +116,15 @@ def test_motion_is_one_call_with_only_device_work(recorder: Recorder, tmp_path: 
     assert seen == [(8, 22), (11, 22), (19, 22), (22, 22)] and result.frames == 11
 
 
+def test_motion_decodes_the_clip_once(recorder: Recorder, tmp_path: Path) -> None:
+    """The pointmap pass takes the pose pass's decoded frames: one decode for both."""
+    clip = write_clip(tmp_path / "c.mp4", n=5, fps=10.0)
+    video = VideoRequests(recorder.manager, serving.RequestFolders(tmp_path / "r"), device=recorder)
+    result = MotionRequests(video).run(str(clip), tracking=TrackingOptions(detect_every=3))
+    assert recorder.seen[("decode", False)] == 1 and ("decode", True) not in recorder.seen
+    assert result.frames == 5
+
+
 class Doubler:
     def infer(self, preps: list[Any], **_: Any) -> list[Any]:
         return [2 * p for p in preps]

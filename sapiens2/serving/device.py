@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import OptionError, Sapiens2Error
 from ..tasks.registry import Task
+from ..video.runner import budget_stop
 from ..zerogpu.loadguard import loading_forbidden
 from .cache import ModelManager
 from .memory import is_out_of_memory, out_of_memory
@@ -134,30 +135,26 @@ class Feed:
     def __init__(self) -> None:
         self._local: queue.Queue[Any] = queue.Queue()
         self._reader: Any = None  # the pipe, made only when the unit crosses to another process
-        self._writer: Any = None
-        self._crossed = False  # the unit was pickled: the call runs in another process
-        self._remote = False  # this copy is the call's, in the worker
+        self._writer: Any = None  # set once the unit is pickled: from then on the server writes to it
 
     def __getstate__(self) -> dict[str, Any]:
         if self._writer is None:
             self._reader, self._writer = multiprocessing.Pipe(duplex=False)
-        self._crossed = True  # from now on the server writes to the pipe
         return {"reader": bytes(ForkingPickler.dumps(self._reader))}  # its descriptor, shared
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._reader, self._writer, self._local = ForkingPickler.loads(state["reader"]), None, None
-        self._crossed, self._remote = True, True
 
     def put(self, jobs: tuple[Job, ...] | None) -> None:
         """Send jobs to the call (None: no more; the call ends)."""
-        if self._crossed:
+        if self._writer is not None:  # the unit was pickled: the call runs in another process
             self._writer.send(jobs)
         else:
             self._local.put(jobs)
 
     def get(self, timeout_s: float) -> tuple[Job, ...] | None:
         """The next jobs in the call; None when the server is done or silent for ``timeout_s``."""
-        if self._remote:
+        if self._local is None:  # this copy is the call's, in the worker (it came through a pickle)
             return self._reader.recv() if self._reader.poll(timeout_s) else None
         try:
             return self._local.get(timeout=timeout_s)
@@ -199,10 +196,8 @@ class Clip:
         while jobs is not None:
             for job in jobs:
                 now = time.perf_counter()
-                if self.budget_s is not None and last and (now - t0) + 1.5 * last > self.budget_s:
-                    yield Stopped(
-                        f"the GPU time reserved ({self.budget_s:.0f} s of work) was about to run out"
-                    )
+                if last and (reason := budget_stop(self.budget_s, now - t0, last)):
+                    yield Stopped(reason)
                     return
                 out = job.infer(manager)
                 last = time.perf_counter() - now

@@ -2,8 +2,8 @@
 
 The pose pass and the pointmap pass (:mod:`sapiens2.video.motion`) are two clip runs of this
 server (:class:`~sapiens2.serving.video.VideoRequests`: checks, loading, the server's side of a
-clip) over the same frames, sharing one :class:`~sapiens2.serving.clip_call.ClipCall`: both
-clips are decoded and the pointmap's inputs prepared before the call opens; in the call, pose's
+clip) over the same frames, sharing one :class:`~sapiens2.serving.clip_call.ClipCall`: the
+clip is decoded once and the pointmap's inputs prepared before the call opens; in the call, pose's
 detections and forwards run batch by batch (its boxes follow its keypoints), then every
 pointmap forward back to back; the call ends with the last forward. Everything else -- tracking,
 smoothing, rendering, encoding, the lifting and the motion files -- runs here, on the CPU.
@@ -115,8 +115,8 @@ class MotionRequests:
         with ClipCall(v.device, (POSE.name, POINTMAP.name), seconds, budget) as call:
             pose_run = v.clip_run(pose_job, call, folder)
             pm_run = v.clip_run(replace(pm_job, handler=handler), call, folder)
-            pose_run.load()
-            pm_run.load()  # both clips decoded, the pointmap's inputs prepared: before the call
+            pose_run.load()  # the clip decoded once, before the call
+            pm_run.load(frames_from=pose_run)  # its frames (pixels shared); the pointmap's inputs prepared
             pose_run.last_steps = False  # the pointmap's forwards follow in the same call
             planned = 2 * (pose_run.plan.frames or pose_job.frames)
             for done in pose_run.process(call.steps(POSE, pose_job.size)):

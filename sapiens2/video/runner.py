@@ -135,6 +135,16 @@ class ClipStopped(Exception):
         self.reason = reason
 
 
+def budget_stop(budget_s: float | None, elapsed_s: float, last_s: float) -> str | None:
+    """Why to stop before the next step of device work, or None to go on: with ``budget_s``
+    seconds of work allowed, ``elapsed_s`` done and the last step taking ``last_s``, the next
+    one (counted 1.5 times) would pass the budget. The one rule of a local run's own check
+    (:class:`ClipRun`) and of a clip's GPU call (``sapiens2.serving.device.Clip``)."""
+    if budget_s is not None and elapsed_s + 1.5 * last_s > budget_s:
+        return f"the GPU time reserved ({budget_s:.0f} s of work) was about to run out"
+    return None
+
+
 class Steps(Protocol):
     """A clip's device work, wherever it runs (this process, or a server's one GPU call): the
     forwards of prepared batches and the person detections. Nothing else crosses."""
@@ -192,12 +202,14 @@ class ClipRun:
     steps of its one GPU call (``sapiens2.serving.clip_call``)."""
 
     def __init__(
-        self, pipe: Any, source: str | Path, out_dir: str | Path, *, task: Task | str | None, stride: int,
-        limits: VideoLimits, batch_size: int, options: Mapping[str, Any] | None, handler: FrameHandler,
-        source_video: bool, name: str | None, take: int | None, budget_s: float | None,
+        self, pipe: Any, source: str | Path, out_dir: str | Path, *, decl: Task, opts: dict[str, Any],
+        stride: int, limits: VideoLimits, batch_size: int, handler: FrameHandler, source_video: bool,
+        name: str | None, take: int | None, budget_s: float | None,
     ) -> None:  # fmt: skip
+        """``decl``, ``opts``, ``batch_size``: the task's declaration, the inference options and
+        the frames per forward as :func:`clip_run` checked them."""
         self.t_start = time.perf_counter()
-        self.decl, self.opts = _checked(task or getattr(pipe, "task", None), batch_size, options)
+        self.decl, self.opts = decl, opts
         self.plan = _taken(plan_video(source, stride=stride, limits=limits), take)
         self.limits, self.batch_size, self.take, self.budget_s = limits, batch_size, take, budget_s
         self.stages, self.handler = staged(pipe), handler
@@ -212,7 +224,6 @@ class ClipRun:
         self.timing = {"decode_s": 0.0, "infer_s": 0.0, "model_s": 0.0}
         self.done, self.size, self.stopped = 0, (0, 0), None
         self.frames: list[_Frame] | None = None  # all of them, once :meth:`load` ran
-        self.window = batch_size  # frames decoded at a time without :meth:`load`
         #: this run's device steps are the last of the call (a loaded run tells it so)
         self.last_steps = True
 
@@ -222,30 +233,46 @@ class ClipRun:
         kind = type(self.handler)
         return kind.options_for is FrameHandler.options_for and kind.prefetch is FrameHandler.prefetch
 
-    def load(self) -> None:
+    def load(self, frames_from: ClipRun | None = None) -> None:
         """Decode (and prepare, for a task without per-frame options) every frame now: CPU work
         a server does before the device call opens. Without it, :meth:`process` decodes
-        ``window`` frames at a time."""
-        self.frames = next(self._windows(None))
+        ``batch_size`` frames at a time. ``frames_from``: a loaded run of the same frames (clip,
+        stride, limits, take) not yet processed, whose decoded frames are taken instead of
+        decoding the clip again: new frames sharing its pixels (each run only rebinds its own
+        frames' ``rgb``, never writes into it)."""
+        if frames_from is None:
+            self.frames = next(self._windows(None))
+            return
+        mine, theirs = ((r.plan.info.path, r.plan.stride, r.limits, r.take) for r in (self, frames_from))
+        if frames_from.frames is None or mine != theirs:
+            raise ValueError("frames_from must be a loaded run of the same clip, stride, limits and take.")
+        t0 = time.perf_counter()
+        self.frames = self._prepared([_Frame(f.index, f.rgb) for f in frames_from.frames])
+        self.timing["decode_s"] += time.perf_counter() - t0
 
     def _windows(self, window: int | None) -> Iterator[list[_Frame]]:
         """The frames, decoded (and prepared) ``window`` at a time (None: all at once)."""
         frames = islice(iter_frames(self.plan.info, stride=self.plan.stride, limits=self.limits), self.take)
         while True:
             t0 = time.perf_counter()
-            part = [_Frame(i, rgb) for i, rgb in islice(frames, window)]
-            if part and not self.size[0]:
-                self.size = (part[0].rgb.shape[1], part[0].rgb.shape[0])
-            if self.independent:
-                for f in part:
-                    f.intake, f.extra = load_image(f.rgb), {}
-                preps = prepare_batch(self.stages, [f.intake for f in part], self.opts)
-                for f, prep in zip(part, preps, strict=True):
-                    f.prep = prep
+            part = self._prepared([_Frame(i, rgb) for i, rgb in islice(frames, window)])
             self.timing["decode_s"] += time.perf_counter() - t0
             yield part
             if not part or window is None:
                 return
+
+    def _prepared(self, part: list[_Frame]) -> list[_Frame]:
+        """Decoded frames, the clip's size noted from the first; for a task without per-frame
+        options, with their intakes and preps."""
+        if part and not self.size[0]:
+            self.size = (part[0].rgb.shape[1], part[0].rgb.shape[0])
+        if self.independent:
+            for f in part:
+                f.intake, f.extra = load_image(f.rgb), {}
+            preps = prepare_batch(self.stages, [f.intake for f in part], self.opts)
+            for f, prep in zip(part, preps, strict=True):
+                f.prep = prep
+        return part
 
     def process(self, steps: Steps) -> Iterator[int]:
         """The clip's batches through ``steps`` and into the videos; yields the frames done
@@ -268,7 +295,7 @@ class ClipRun:
 
     def _work(self, steps: Steps) -> Iterator[int]:
         loaded = self.frames is not None  # one window: its last step is the run's last
-        windows = iter([self.frames]) if loaded else self._windows(self.window)
+        windows = iter([self.frames]) if loaded else self._windows(self.batch_size)
         k0 = 0
         for frames in windows:
             size = self.batch_size
@@ -286,10 +313,8 @@ class ClipRun:
                 self.done = done
                 yield done
                 now = time.perf_counter()
-                if self.budget_s is not None and (now - t0) + 1.5 * (now - tb) > self.budget_s:
-                    self.stopped = (
-                        f"the GPU time reserved ({self.budget_s:.0f} s of work) was about to run out"
-                    )
+                if reason := budget_stop(self.budget_s, now - t0, now - tb):
+                    self.stopped = reason
                     return
                 tb = now
         except ClipStopped as stop:
@@ -430,7 +455,7 @@ def clip_run(
         raw_cap=raw_cap_bytes, depth_percentiles=depth_percentiles,
     )  # fmt: skip
     return ClipRun(
-        pipe, source, out_dir, task=decl, stride=stride, limits=limits, batch_size=batch_size, options=opts,
+        pipe, source, out_dir, decl=decl, opts=opts, stride=stride, limits=limits, batch_size=batch_size,
         handler=handler, source_video=source_video, name=name, take=take, budget_s=budget_s,
     )  # fmt: skip
 
