@@ -521,6 +521,15 @@ def test_actor_resources_always_leave_a_cpu_for_the_cpu_steps():
     assert actor_resources(joined, 2, {"CPU": 8, "GPU": 1}, True, 1).gpus == 1.0
 
 
+def test_the_network_size_follows_the_one_input_rule():
+    from sapiens2.batch.job import parse_network_size
+
+    assert parse_network_size("128x96") == (128, 96)
+    for text in ("100x50", "32x32", "8192x64"):  # not a multiple of 16; below 64; above 4096
+        with pytest.raises(OptionError, match="multiples of 16"):
+            parse_network_size(text)
+
+
 def test_command_line_errors_are_one_line(tiny_checkpoints, tmp_path, capsys):
     img = photo(tmp_path / "a.png")
     base = ["batch", "pose", str(img), "--out", str(tmp_path / "o")]

@@ -33,6 +33,8 @@ from sapiens2.serving.live import (
     cpu_seconds_per_frame,
     frame_seconds,
     input_label,
+    live_setup,
+    live_size,
 )
 from sapiens2.tasks import registry
 from sapiens2.tasks.base import run_batch
@@ -347,3 +349,21 @@ def test_the_cpu_expectation_follows_the_model_and_the_input() -> None:
     assert full == pytest.approx(4 * small) and 30 < full < 60  # 0.4b x 3072 tokens at 3e10 MAC/s
     assert cpu_seconds_per_frame(T("pointmap"), "0.4b", None) == pytest.approx(2 * full)  # + its seg
     assert cpu_seconds_per_frame(T("seg"), "custom", None) is None
+
+
+def test_the_cpu_expectation_counts_the_flip_tests_forward() -> None:
+    plain = cpu_seconds_per_frame(T("pose"), "0.4b", None, {"flip_test": False})
+    assert cpu_seconds_per_frame(T("pose"), "0.4b", None, {"flip_test": True}) == pytest.approx(2 * plain)
+    assert cpu_seconds_per_frame(T("pose"), "0.4b", None) == pytest.approx(plain)  # the CPU default: off
+
+
+def test_one_rule_picks_the_live_size_and_the_fixed_input() -> None:
+    published = serving.ModelManager(device="cpu")
+    assert live_size(published, T("seg")) == "0.4b" and live_size(published, T("seg"), "1b") == "1b"
+    if "0.4b" not in published.sizes(T("matting")):
+        assert live_size(published, T("matting")) == published.default_size(T("matting"))
+    with pytest.raises(OptionError):
+        live_size(published, T("seg"), "9b")
+    setup = live_setup(published, LiveOptions(T("pointmap"), input=FAST))
+    assert setup.hw is None and "only at the release's input" in setup.input_note
+    assert live_setup(published, LiveOptions(T("seg"), input=FAST)).hw == INPUTS[FAST]

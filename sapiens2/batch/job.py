@@ -14,6 +14,7 @@ import pyarrow.fs as pafs
 
 from ..errors import CheckpointError, OptionError
 from ..inputs.intake import DEFAULT_MAX_SIDE
+from ..inputs.network import check_input_hw
 from ..tasks.registry import Task
 from .records import RECORDS, record_for
 
@@ -148,15 +149,8 @@ def task_plan(
         own = model.size if model.size in other.spec.sizes else None  # as the pipelines' LazySeg picks
         given = ckpts.get(other.name)
         borrowed.append(model_plan(other, None if given is not None else own, given, gpu))
-    hw = None if network_hw is None else _network_hw(network_hw)
+    hw = None if network_hw is None else check_input_hw(tuple(network_hw))
     return TaskPlan(model, dict(infer), dict(pipeline_kwargs or {}), tuple(borrowed), hw)
-
-
-def _network_hw(hw: Sequence[int]) -> tuple[int, int]:
-    h, w = (int(v) for v in hw)
-    if h < 16 or w < 16 or h % 16 or w % 16:
-        raise OptionError(f"The network size must be two multiples of 16 (at least 16); got {h}x{w}.")
-    return h, w
 
 
 def parse_network_size(text: str) -> tuple[int, int]:
@@ -165,7 +159,7 @@ def parse_network_size(text: str) -> tuple[int, int]:
         h, w = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise OptionError(f"--network-size takes HEIGHTxWIDTH, e.g. 512x384; got {text!r}.") from None
-    return _network_hw((h, w))
+    return check_input_hw((h, w))
 
 
 def resolve_dtype(dtype: str | None, gpu: bool) -> str:

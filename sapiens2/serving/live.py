@@ -56,6 +56,8 @@ from ..video.people import FramePeople, PoseTracking, TrackingOptions, draw_peop
 from .cache import ModelManager
 from .device import Batch, Detect, Device, OneTask, local_device
 from .present import Stages
+from .runner import model_sizes
+from .video import frame_macs
 
 #: The model size a live view starts with where the task offers it (else the task's default).
 LIVE_SIZE = "0.4b"
@@ -167,7 +169,7 @@ class LiveStats:
         return (len(self.done_at) - 1) / (self.done_at[-1] - self.done_at[0])
 
     def summary(self) -> dict[str, Any]:
-        """JSON-friendly figures over the window (``bench/live.py`` writes these)."""
+        """JSON-friendly figures over the window, for a caller to log or store (docs/LIVE.md)."""
         return {
             "frames": self.frames,
             "dropped": self.dropped,
@@ -197,7 +199,6 @@ class LiveFrame:
     model_s: float  # the forwards' time of this frame
     step_s: float  # this frame's time in :meth:`LiveSession.step`
     latency_s: float  # capture (or arrival) to rendered
-    notices: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds: decode, load, people, prepare, ...
 
 
@@ -218,6 +219,40 @@ class _Setup:
     detect_seconds: int = 0  # what a detection call reserves
     people: PoseTracking | None = None
     scale: DepthScale | None = None
+
+
+def live_size(manager: ModelManager, task: Task, size: str | None = None) -> str:
+    """The model size a live view of ``task`` runs: ``size`` when given (checked; OptionError
+    names the sizes), else :data:`LIVE_SIZE` where the task offers it, else the task's default."""
+    if not size:
+        size = LIVE_SIZE if LIVE_SIZE in manager.sizes(task) else None
+    return manager.resolve_size(task, size)
+
+
+def live_setup(manager: ModelManager, options: LiveOptions) -> _Setup:
+    """Check ``options`` (OptionError naming the bad one) into what a frame needs, not yet priced
+    (:meth:`LiveSession.step` prices it once its models are loaded)."""
+    decl = options.task
+    if not isinstance(decl, Task) or decl.video is None:
+        names = ", ".join(t.name for t in manager.video_tasks().values())
+        raise OptionError(f"Live runs the tasks {names}; got {getattr(decl, 'name', decl)!r}.")
+    if options.input not in INPUTS:
+        raise OptionError(f"The live input must be one of {', '.join(INPUTS)}; got {options.input!r}.")
+    if not isinstance(options.flip_test, bool):
+        raise OptionError(f"flip_test must be true or false; got {options.flip_test!r}.")
+    size = live_size(manager, decl, options.size)
+    declared = {o.name for o in decl.options}
+    values = {k: v for k, v in options.task_options.items() if v is not None and k in declared}
+    if "flip_test" in declared:
+        values["flip_test"] = options.flip_test
+    infer_opts, render_opts = decl.split(values, gpu=manager.cuda)
+    hw, note = INPUTS[options.input], input_label(options.input)
+    if hw is not None and getattr(decl.pipeline, "fixed_input", False):
+        hw, note = None, f"1024x768 ({decl.tab} runs only at the release's input)"
+    key = (decl, size, hw, infer_opts.get("flip_test"), options.tracking)
+    given = {k: render_opts[k] for k in values if k in render_opts}
+    label = manager.key(decl, size)[1]
+    return _Setup(key, decl, size, label, hw, note, infer_opts, render_opts, given)
 
 
 class LiveSession:
@@ -242,10 +277,6 @@ class LiveSession:
 
     # -- options ---------------------------------------------------------------------------
 
-    def resolve(self, options: LiveOptions) -> _Setup:
-        """Check ``options`` (OptionError naming the bad one) into what a frame needs, priced."""
-        return self._price(self._checked(options))
-
     def _price(self, setup: _Setup) -> _Setup:
         """The reservations of the setup's device calls (:mod:`sapiens2.models.cost`). They walk
         the resident models' weights (a millisecond a frame), so a stream prices each choice once,
@@ -254,32 +285,8 @@ class LiveSession:
         setup.detect_seconds = cost.reservation(cost.detect_seconds(1), self.manager.resident_bytes())
         return setup
 
-    def _checked(self, options: LiveOptions) -> _Setup:
-        decl = options.task
-        if not isinstance(decl, Task) or decl.video is None:
-            names = ", ".join(t.name for t in self.manager.video_tasks().values())
-            raise OptionError(f"Live runs the tasks {names}; got {getattr(decl, 'name', decl)!r}.")
-        if options.input not in INPUTS:
-            raise OptionError(f"The live input must be one of {', '.join(INPUTS)}; got {options.input!r}.")
-        if not isinstance(options.flip_test, bool):
-            raise OptionError(f"flip_test must be true or false; got {options.flip_test!r}.")
-        size = options.size or (LIVE_SIZE if LIVE_SIZE in self.manager.sizes(decl) else None)
-        size = self.manager.resolve_size(decl, size)
-        declared = {o.name for o in decl.options}
-        values = {k: v for k, v in options.task_options.items() if v is not None and k in declared}
-        if "flip_test" in declared:
-            values["flip_test"] = options.flip_test
-        infer_opts, render_opts = decl.split(values, gpu=self.manager.cuda)
-        hw, note = INPUTS[options.input], input_label(options.input)
-        if hw is not None and getattr(decl.pipeline, "fixed_input", False):
-            hw, note = None, f"1024x768 ({decl.tab} runs only at the release's input)"
-        key = (decl, size, hw, infer_opts.get("flip_test"), options.tracking)
-        given = {k: render_opts[k] for k in values if k in render_opts}
-        label = self.manager.key(decl, size)[1]
-        return _Setup(key, decl, size, label, hw, note, infer_opts, render_opts, given)
-
     def _configure(self, options: LiveOptions, at: float) -> _Setup:
-        setup = self._checked(options)
+        setup = live_setup(self.manager, options)
         restart = self._last_done is not None and at - self._last_done > RESTART_AFTER_S
         if self._setup is None or setup.key != self._setup.key or restart:
             kind = setup.decl.video.handler if setup.decl.video else "frames"
@@ -337,8 +344,7 @@ class LiveSession:
         self._k += 1
         self._last_done = done
         readout = f"{decl.tab} {setup.size_label} · input {setup.input_note} · {self.stats.line()}"
-        notices = list(getattr(result, "notices", []) or [])
-        return LiveFrame(image, readout, model_s, done - t0, done - at, notices, stages.seconds)
+        return LiveFrame(image, readout, model_s, done - t0, done - at, stages.seconds)
 
     def _infer(
         self,
@@ -441,23 +447,23 @@ def frame_seconds(manager: ModelManager, task: Task, size: str, infer_opts: dict
     """What one frame's device call reserves: :func:`sapiens2.models.cost.reservation` of the
     frame's work (:func:`~sapiens2.models.cost.frame_seconds`) with at least its own models
     resident (the models it borrows at their default size where ``size`` is not theirs)."""
-    models = (task, *task.needs(infer_opts))
-    sizes = [size if size in t.spec.sizes else t.spec.default_size(True) for t in models]
-    resident = max(manager.resident_bytes(), cost.weight_bytes(sizes))
+    resident = max(manager.resident_bytes(), cost.weight_bytes(model_sizes(task, size, infer_opts)))
     return cost.reservation(cost.frame_seconds(size, task.work(infer_opts)), resident)
 
 
-def cpu_seconds_per_frame(task: Task, size: str, hw: tuple[int, int] | None) -> float | None:
-    """What a frame costs on this project's 2-core CPU, from the model's parameters x tokens at
-    the network input (the task's own forward and the ones it borrows) at
+def cpu_seconds_per_frame(
+    task: Task, size: str, hw: tuple[int, int] | None, infer_opts: Mapping[str, Any] | None = None
+) -> float | None:
+    """What a frame costs on this project's 2-core CPU: the frame's multiply-accumulates
+    (:func:`sapiens2.serving.video.frame_macs`: the task's own forwards, twice with pose's flip
+    test, and the ones it borrows, at the network input ``hw``) at
     :data:`~sapiens2.models.cost.CPU_MACS_PER_S`; None for a size of no published backbone.
-    Pose counts one person."""
-    arch = ARCHS.get(size)
-    if arch is None:
+    ``infer_opts``: the task's inference options (default: its CPU defaults). Pose counts one
+    person."""
+    if size not in ARCHS:
         return None
-    h, w = hw or task.spec.input_size(size)
-    forwards = 1 + len(task.needs(task.defaults()))
-    return arch.params_b * 1e9 * (h // 16) * (w // 16) * forwards / cost.CPU_MACS_PER_S
+    macs = frame_macs(task, size, task.defaults() if infer_opts is None else infer_opts, hw)
+    return None if macs is None else macs / cost.CPU_MACS_PER_S
 
 
 __all__ = [
@@ -471,4 +477,6 @@ __all__ = [
     "cpu_seconds_per_frame",
     "frame_seconds",
     "input_label",
+    "live_setup",
+    "live_size",
 ]

@@ -69,8 +69,15 @@ class Job:
     @property
     def batch_sizes(self) -> list[str]:
         """The published size of each model the job uses: its own and the ones it borrows."""
-        models = (self.task, *self.task.needs(self.infer_opts))
-        return [self.size if self.size in t.spec.sizes else t.spec.default_size(True) for t in models]
+        return model_sizes(self.task, self.size, self.infer_opts)
+
+
+def model_sizes(task: Task, size: str, infer_opts: Mapping[str, Any]) -> list[str]:
+    """The published size of each model ``task`` at ``size`` uses: its own and the ones it
+    borrows with ``infer_opts`` (those at their GPU default where ``size`` is not one of theirs)."""
+    return [
+        size if size in t.spec.sizes else t.spec.default_size(True) for t in (task, *task.needs(infer_opts))
+    ]
 
 
 def call_seconds(jobs: Sequence[Job], resident_bytes: int) -> int:
@@ -317,4 +324,4 @@ class RequestRunner:
             return err
 
 
-__all__ = ["Job", "RequestRunner", "call_seconds", "read_photo"]
+__all__ = ["Job", "RequestRunner", "call_seconds", "model_sizes", "read_photo"]

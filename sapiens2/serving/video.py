@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import GpuUnavailableError, InputVideoError, OptionError, Sapiens2Error
+from ..inputs.network import PATCH
 from ..models import cost
 from ..models.zoo import ARCHS
 from ..tasks.registry import Task, Video
@@ -35,6 +36,7 @@ from .cache import CUSTOM, ModelManager
 from .clip_call import ClipCall
 from .device import Device, local_device
 from .folders import RequestFolders
+from .runner import model_sizes
 
 #: Frames per forward inside the clip's call.
 MAX_BATCH = 8
@@ -112,6 +114,35 @@ def _video(task: Task) -> Video:
 def video_render_options(task: Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
     """A task's rendering options as its video handler takes them (``Task.video.handler``)."""
     return handler_class(task).render_kwargs(task, render_opts)
+
+
+def frame_macs(
+    task: Task,
+    size: str,
+    infer_opts: Mapping[str, Any],
+    hw: tuple[int, int] | None = None,
+    forward: Callable[[Task, str, tuple[int, int] | None], float | None] | None = None,
+) -> float | None:
+    """Multiply-accumulates of one frame's forwards of ``task`` at ``size`` with ``infer_opts``:
+    its own (``Task.work``: twice with pose's flip test) and the ones it borrows, each
+    ``forward(task, size, hw)`` (default :func:`forward_macs`) at the network input ``hw`` (None:
+    each model's own). None when a forward has no figure."""
+    forward = forward or forward_macs
+    models = [task] * task.work(infer_opts).forwards + list(task.needs(infer_opts))
+    macs = [forward(t, size, hw) for t in models]
+    return None if None in macs else sum(m for m in macs if m is not None)
+
+
+def forward_macs(task: Task, size: str, hw: tuple[int, int] | None = None) -> float | None:
+    """Parameters x tokens of one forward of ``task``'s published backbone at ``size`` (the
+    task's CPU default where ``size`` is not one of its sizes) at the network input ``hw`` (None:
+    the checkpoint's own input size); None for no published backbone."""
+    own = size if size in task.spec.sizes else None
+    arch = ARCHS.get(own or "") or ARCHS.get(task.spec.default_size(False))
+    if arch is None:
+        return None
+    h, w = hw or task.spec.input_size(arch.size)
+    return arch.params_b * 1e9 * (h // PATCH) * (w // PATCH)
 
 
 class VideoRequests:
@@ -206,8 +237,7 @@ class VideoRequests:
     # -- cost ------------------------------------------------------------------------------
 
     def _resident(self, *jobs: VideoJob) -> int:
-        sizes = [j.size if j.size in t.spec.sizes else t.spec.default_size(True)
-                 for j in jobs for t in (j.task, *j.task.needs(j.infer_opts))]  # fmt: skip
+        sizes = [s for j in jobs for s in model_sizes(j.task, j.size, j.infer_opts)]
         return max(self.manager.resident_bytes(), cost.weight_bytes(sizes))
 
     def clip_work(self, job: VideoJob, frames: int) -> float:
@@ -252,28 +282,21 @@ class VideoRequests:
         return self.manager.key(job.task, job.size) in self.manager.loaded()
 
     def frame_macs(self, job: VideoJob) -> float | None:
-        """Multiply-accumulates of one frame's forwards: parameters x tokens per forward (None
-        when a model is neither loaded nor of a published size)."""
-        opts = job.infer_opts
-        forwards = [job.task] * job.task.work(opts).forwards + list(job.task.needs(opts))
-        macs = [self._forward_macs(t, job.size) for t in forwards]
-        return None if None in macs else sum(m for m in macs if m is not None)
+        """Multiply-accumulates of one frame's forwards (:func:`frame_macs`), of the loaded
+        models where there are (None when a model is neither loaded nor of a published size)."""
+        return frame_macs(job.task, job.size, job.infer_opts, forward=self._forward_macs)
 
-    def _forward_macs(self, task: Task, size: str) -> float | None:
-        """Parameters x tokens of one forward: of the loaded model when there is one, else of
-        the size's published backbone at the checkpoint's input size (None: neither)."""
+    def _forward_macs(self, task: Task, size: str, hw: tuple[int, int] | None = None) -> float | None:
+        """Parameters x tokens of one forward: of the loaded model when there is one, else
+        :func:`forward_macs` of the published backbone."""
         size_arg = size if size in task.spec.sizes else None
         try:
             pipe = self.manager.get(task, size_arg, load=False)
             params = float(sum(p.numel() for p in pipe.model.parameters()))
-            h, w = pipe.network_hw
+            h, w = hw or pipe.network_hw
         except (Sapiens2Error, AttributeError):  # not loaded yet, or a pipeline without a model
-            arch = ARCHS.get(size_arg or "") or ARCHS.get(task.spec.default_size(False))
-            if arch is None:
-                return None
-            params = arch.params_b * 1e9
-            h, w = task.spec.input_size(arch.size)
-        return params * (h // 16) * (w // 16)
+            return forward_macs(task, size, hw)
+        return params * (h // PATCH) * (w // PATCH)
 
     def _remember(self, job: VideoJob, result: VideoResult) -> None:
         if result.frames and not self.manager.cuda:
@@ -351,4 +374,12 @@ class VideoRequests:
             self.announce(f"Running on the CPU: {estimate.line(False)}")
 
 
-__all__ = ["MAX_BATCH", "Estimate", "VideoJob", "VideoRequests", "video_render_options"]
+__all__ = [
+    "MAX_BATCH",
+    "Estimate",
+    "VideoJob",
+    "VideoRequests",
+    "forward_macs",
+    "frame_macs",
+    "video_render_options",
+]

@@ -191,9 +191,10 @@ def task_tab(
                 add_examples(photo, task, handler, parts, examples)
             with gr.Column(scale=2):
                 fold = render_results(outputs, lambda: operator_fold(operator, task.name))
-                split_downloads(task, outputs[1 + len(task.views)], download_groups(task))
+                downloads = outputs[1 + len(task.views)]
+                split_downloads(task, downloads, download_groups(task))
                 for entry in task.on_demand:
-                    on_demand_block(run, task, entry, outputs[1 + len(task.views)])  # the downloads
+                    on_demand_block(run, task, entry, downloads)
     event = button.click(
         handler,
         inputs=[photo, *parts.controls],

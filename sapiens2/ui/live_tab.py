@@ -40,8 +40,15 @@ import gradio as gr
 from gradio.context import LocalContext
 
 from ..errors import Sapiens2Error
-from ..serving.live import INPUTS, LIVE_SIZE, LiveOptions, LiveSession, cpu_seconds_per_frame, input_label
-from ..tasks.registry import Task
+from ..serving.live import (
+    INPUTS,
+    LiveOptions,
+    LiveSession,
+    cpu_seconds_per_frame,
+    input_label,
+    live_setup,
+    live_size,
+)
 from ..zerogpu import zero_gpu_enabled
 from .handlers import Runner, reported
 from .inputs import data_url_bytes, photo_input
@@ -199,22 +206,21 @@ def live_frame(run: Runner) -> Callable[..., tuple[Any, str, Viewer]]:
     return live
 
 
-def expectation(run: Runner, task: str, size: str | None, network_input: str) -> str:
-    """What to expect before starting: on a CPU, seconds a frame from the model's size."""
+def expectation(run: Runner, task: str, size: str | None, network_input: str, flip_test: bool = False) -> str:
+    """What to expect before starting: on a CPU, seconds a frame from the model's size (and
+    pose's flip test, which doubles its forwards)."""
     tasks = run.manager.video_tasks()
     try:
         decl = tasks[_task_name(task, tasks)]
-        chosen = size or (LIVE_SIZE if LIVE_SIZE in run.manager.sizes(decl) else None)
-        size = run.manager.resolve_size(decl, chosen)
+        setup = live_setup(run.manager, LiveOptions(decl, size or None, network_input, bool(flip_test)))
     except Sapiens2Error as err:  # a bad choice says so here; the stream reports it too
         return f"Cannot run this choice: {err}"
     where = f"this server's GPU ({run.manager.device})" if run.manager.cuda else "this CPU"
-    label = run.manager.key(decl, size)[1]  # "custom" for a --checkpoint model
-    head = f"**{decl.tab} {label}**, input {input_label(network_input)}, on {where}."
+    label = setup.size_label  # "custom" for a --checkpoint model
+    head = f"**{decl.tab} {label}**, input {setup.input_note}, on {where}."
     if run.manager.cuda:
         return f"{head} The readout shows the frames/s and latency measured on it."
-    hw = None if getattr(decl.pipeline, "fixed_input", False) else INPUTS.get(network_input)
-    seconds = cpu_seconds_per_frame(decl, label, hw)
+    seconds = cpu_seconds_per_frame(decl, label, setup.hw, setup.infer_opts)
     if seconds is None:
         return (
             f"{head} No estimate for this model (not a published size): the readout shows the measured rate."
@@ -224,11 +230,6 @@ def expectation(run: Runner, task: str, size: str | None, network_input: str) ->
         "model's size at a rate measured on a 2-core machine; more cores are faster). The smallest "
         "input is the fastest; the readout shows the measured rate."
     )
-
-
-def _live_size(run: Runner, task: Task) -> str:
-    """The size a task starts at: :data:`LIVE_SIZE` where offered, else the task's default."""
-    return LIVE_SIZE if LIVE_SIZE in run.manager.sizes(task) else run.manager.default_size(task)
 
 
 def live_tab(run: Runner) -> None:
@@ -244,7 +245,7 @@ def live_tab(run: Runner) -> None:
             with gr.Column(scale=1):
                 camera = camera_input()
                 task = checked_by_package(gr.Radio(task_choices(tasks), value=first, label="Task"))
-                chosen = _live_size(run, tasks[first])
+                chosen = live_size(run.manager, tasks[first])
                 size = size_dropdown(run.manager.sizes(tasks[first]), chosen)
                 network_input = checked_by_package(
                     gr.Radio([(input_label(k), k) for k in INPUTS], value="release", label="Network input")
@@ -264,13 +265,13 @@ def live_tab(run: Runner) -> None:
 
     def sizes(task_value: str) -> Any:
         chosen = tasks[_task_name(task_value, tasks)]
-        return gr.Dropdown(choices=list(run.manager.sizes(chosen)), value=_live_size(run, chosen))
+        return gr.Dropdown(choices=list(run.manager.sizes(chosen)), value=live_size(run.manager, chosen))
 
     task.change(sizes, inputs=task, outputs=size, api_visibility="private")
     gr.on(
-        [task.change, size.change, network_input.change],
-        lambda t, s, i: expectation(run, t, s, i),
-        inputs=[task, size, network_input],
+        [task.change, size.change, network_input.change, flip.change],
+        lambda t, s, i, f: expectation(run, t, s, i, f),
+        inputs=[task, size, network_input, flip],
         outputs=expect,
         api_visibility="private",
     )
