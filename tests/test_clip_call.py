@@ -125,6 +125,44 @@ def test_motion_decodes_the_clip_once(recorder: Recorder, tmp_path: Path) -> Non
     assert result.frames == 5
 
 
+def test_motion_after_a_quota_refusal_runs_the_frames_that_fit_as_a_video_does(
+    recorder: Recorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ZeroGPU refuses the motion's call for quota: both passes run again on the frames whose
+    call fits the seconds left, the reduction is announced, and the result says so, as
+    VideoRequests.run does for a clip (one rule, VideoRequests.refitted / refused)."""
+    from sapiens2.errors import GpuUnavailableError
+
+    clip = write_clip(tmp_path / "c.mp4", n=11, fps=10.0)
+    said: list[str] = []
+    video = VideoRequests(recorder.manager, serving.RequestFolders(tmp_path / "r"), device=recorder,
+                          announce=said.append)  # fmt: skip
+    requests = MotionRequests(video)
+    tracking = TrackingOptions(detect_every=3)
+    pose, pm = requests.jobs(str(clip), None, stride=1, max_frames=None, tracking=tracking)
+    left = next(s for s in range(1, 10_000) if video._fits(pose, 5, s, also=(pm,)))  # 5 frames fit
+    assert not video._fits(pose, 11, left, also=(pm,))
+    refusal = GpuUnavailableError("Your quota is short.", requested_s=99, left_s=left, quota=True)
+    real, runs = MotionRequests._run, []
+
+    def refused_once(self, pose_job, pm_job, *rest):
+        runs.append((pose_job.frames, pm_job.frames))
+        if len(runs) == 1:
+            raise refusal
+        return real(self, pose_job, pm_job, *rest)
+
+    monkeypatch.setattr(MotionRequests, "_run", refused_once)
+    result = requests.run(str(clip), tracking=tracking)
+    assert runs[0] == (11, 11) and runs[1][0] == runs[1][1] and 5 <= runs[1][0] < 11
+    assert result.frames == runs[1][0] and result.details["gpu_refused"] == str(refusal)
+    assert result.notices[0].startswith(f"Only {result.frames} of 11 frames were processed.")
+    assert any("quota has" in s for s in said)  # the reduction, announced before the rerun
+    monkeypatch.setattr(MotionRequests, "_run", lambda *a: (_ for _ in ()).throw(
+        GpuUnavailableError("No GPU is free.", quota=False)))  # fmt: skip
+    with pytest.raises(GpuUnavailableError, match="No GPU is free"):  # not a quota refusal: as it is
+        requests.run(str(clip))
+
+
 class Doubler:
     def infer(self, preps: list[Any], **_: Any) -> list[Any]:
         return [2 * p for p in preps]

@@ -49,11 +49,11 @@ class MotionRequests:
         pose = v.job(POSE, clip, size, stride=stride, max_frames=max_frames, tracking=tracking, fit=False)
         return self.fitted(pose, pm)
 
-    def fitted(self, pose: VideoJob, pm: VideoJob, quota_s: int | None = None) -> tuple[VideoJob, VideoJob]:
+    def fitted(self, pose: VideoJob, pm: VideoJob) -> tuple[VideoJob, VideoJob]:
         """Both jobs on the plan that lets their one call fit (on a GPU; as they are elsewhere)."""
-        if not self.video.manager.cuda and quota_s is None:
+        if not self.video.manager.cuda:
             return pose, pm
-        fewer = self.video.fitted(pose, quota_s, also=(pm,))
+        fewer = self.video.fitted(pose, also=(pm,))
         same = {"plan": fewer.plan, "take": fewer.take, "reduced": fewer.reduced}
         return replace(pose, **same), replace(pm, **same)
 
@@ -80,17 +80,9 @@ class MotionRequests:
             with v.manager.holding(v.manager.prepare(POINTMAP, pm_job.size, **pm_job.infer_opts)):
                 try:
                     return self._run(pose_job, pm_job, clip, options, progress, t0)
-                except GpuUnavailableError as err:
-                    if not (err.quota and err.left_s):
-                        raise
-                    smaller = self.fitted(pose_job, pm_job, err.left_s)
-                    if not v._fits(smaller[0], smaller[0].frames, err.left_s, also=(smaller[1],)):
-                        raise
-                    result = self._run(*smaller, clip, options, progress, t0)
-                    result.notices.insert(
-                        0, f"Only {result.frames} of {pose_job.frames} frames were processed. {err}"
-                    )
-                    return result
+                except GpuUnavailableError as err:  # as a video's: the frames the quota left fits
+                    smaller = v.refitted(err, (pose_job, pm_job))
+                    return v.refused(self._run(*smaller, clip, options, progress, t0), pose_job.frames, err)
 
     def _tell(self, pose: VideoJob, pm: VideoJob) -> None:
         """On a GPU: the plan's reduction and what the call costs, before it runs."""

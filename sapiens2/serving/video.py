@@ -314,16 +314,32 @@ class VideoRequests:
             try:
                 result = self._run_clip(job, progress)
             except GpuUnavailableError as err:
-                smaller = self.fitted(job, err.left_s) if err.quota and err.left_s else None
-                if smaller is None or not self._fits(smaller, smaller.frames, err.left_s):
-                    raise
-                if self.announce is not None and smaller.reduced:
-                    self.announce(smaller.reduced)
-                result = self._run_clip(smaller, progress)
-                planned = job.frames
-                result.notices.insert(0, f"Only {result.frames} of {planned} frames were processed. {err}")
-                result.details["gpu_refused"] = str(err)
+                [smaller] = self.refitted(err, (job,))
+                result = self.refused(self._run_clip(smaller, progress), job.frames, err)
         self._remember(job, result)
+        return result
+
+    def refitted(self, err: GpuUnavailableError, jobs: tuple[VideoJob, ...]) -> tuple[VideoJob, ...]:
+        """After a refusal for quota: ``jobs`` (one call; the first leads, the others run on its
+        frames) on the plan whose call fits the seconds left, the reduction announced. ``err``
+        itself when it is another refusal or when not even one frame fits."""
+        lead, *rest = jobs
+        if not (err.quota and err.left_s):
+            raise err
+        fewer = self.fitted(lead, err.left_s, also=tuple(rest))
+        same = {"plan": fewer.plan, "take": fewer.take, "reduced": fewer.reduced}
+        others = tuple(replace(j, **same) for j in rest)
+        if not self._fits(fewer, fewer.frames, err.left_s, also=others):
+            raise err
+        if self.announce is not None and fewer.reduced:
+            self.announce(fewer.reduced)
+        return (fewer, *others)
+
+    @staticmethod
+    def refused(result: Any, planned: int, err: GpuUnavailableError) -> Any:
+        """``result`` (of the refitted run) saying that only its frames ran, and why."""
+        result.notices.insert(0, f"Only {result.frames} of {planned} frames were processed. {err}")
+        result.details["gpu_refused"] = str(err)
         return result
 
     def _run_clip(self, job: VideoJob, progress: Callable[[int, int | None], None] | None) -> VideoResult:
