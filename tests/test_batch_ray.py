@@ -106,9 +106,9 @@ def test_pose_with_its_detector_on_ray_equals_local_and_passes_no_photo_pixels(
     crops = 128 * 96 * 3 * 2 / 1e6  # at most two people a photo here
     files = sum(p.stat().st_size for p in made) / 3 / 1e6  # the broken file's row carries nothing
     for extra, steps in (
-        ([], ["prepare + detect pose -> forward pose", "forward pose -> finish"]),
+        ([], ["prepare + detect pose -> forward pose", "forward pose -> write"]),
         (["--detector-actors", "1"], ["prepare -> detect pose", "detect pose -> crops", "crops -> forward pose",
-                                      "forward pose -> finish"]),
+                                      "forward pose -> write"]),
     ):  # fmt: skip
         far = tmp_path / f"ray{len(extra)}"
         capsys.readouterr()
@@ -123,7 +123,7 @@ def test_pose_with_its_detector_on_ray_equals_local_and_passes_no_photo_pixels(
             records.column_arrays(a["keypoints"]), records.column_arrays(b["keypoints"]), strict=True
         ):
             assert (x is None and y is None) or np.abs(x - y).max() <= 0.05
-        assert hops[steps[-2]] < crops and hops["forward pose -> finish"] < 0.1
+        assert hops[steps[-2]] < crops and hops["forward pose -> write"] < 0.1
         if extra:  # the detector's input (DETR's 1067 x 800) and the file, never the 5.76 MB photo
             assert hops["prepare -> detect pose"] < 1067 * 800 * 3 / 1e6 * 2 / 3 + files + 0.02 < 5.76
 

@@ -41,6 +41,7 @@ class Item:
     people_inputs: dict[Task, Any] = field(default_factory=dict)  # the detector's inputs, to find people
     people: dict[Task, Any] = field(default_factory=dict)  # the people found, to prepare the crops from
     photo: bytes | None = None  # the file's bytes while a task awaits its people
+    rows: dict[Task, dict[str, Any]] = field(default_factory=dict)  # finished, right after each forward
     intake: Intake | None = None  # the decoded photo meanwhile, in this process only (not pickled)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -185,22 +186,42 @@ def _failed(item: Item, task: Task, err: BaseException) -> None:
         held.pop(task, None)
 
 
-def finish(items: Sequence[Item], stages: Mapping[Task, TaskStages]) -> dict[Task, list[dict[str, Any]]]:
-    """Per task, the rows of ``items`` (in order): finished results, or errors."""
-    rows: dict[Task, list[dict[str, Any]]] = {t: [] for t in stages}
+def finish_task(items: Sequence[Item], stage: TaskStages) -> None:
+    """Each item's row of ``stage``'s task, finished from its raw as soon as the forward gave it
+    (the raw dropped: only the small finished row goes on), or its error row."""
+    task = stage.task
+    for it in items:
+        if task not in it.tasks or task in it.rows:
+            continue
+        error = it.errors.get(task)
+        if error is None and task not in it.raws:
+            error = "RuntimeError: no forward result (the forward step did not run for this task)"
+        if error is None:
+            try:
+                it.rows[task] = stage.finish(it.raws.pop(task), it.geometry, it.source)
+                continue
+            except Exception as err:
+                error = describe_error(err)
+        it.rows[task] = _error_row(it, error)
+
+
+def take_rows(items: Sequence[Item], tasks: Sequence[Task]) -> dict[Task, list[dict[str, Any]]]:
+    """Per task, the finished rows of ``items`` in order (taken out of the items)."""
+    rows: dict[Task, list[dict[str, Any]]] = {t: [] for t in tasks}
     for it in items:
         for task in it.tasks:
-            error = it.errors.get(task)
-            if error is None and task not in it.raws:
-                error = "RuntimeError: no forward result (the forward step did not run for this task)"
-            if error is None:
-                try:
-                    rows[task].append(stages[task].finish(it.raws.pop(task), it.geometry, it.source))
-                    continue
-                except Exception as err:
-                    error = describe_error(err)
-            rows[task].append(_error_row(it, error))
+            row = it.rows.pop(task, None)
+            if row is None:
+                row = _error_row(it, it.errors.get(task) or "RuntimeError: no finished row for this task")
+            rows[task].append(row)
     return rows
+
+
+def finish(items: Sequence[Item], stages: Mapping[Task, TaskStages]) -> dict[Task, list[dict[str, Any]]]:
+    """Per task, the rows of ``items`` (in order): finished results, or errors."""
+    for stage in stages.values():
+        finish_task(items, stage)
+    return take_rows(items, list(stages))
 
 
 def _error_row(item: Item, error: str) -> dict[str, Any]:

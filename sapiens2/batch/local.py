@@ -51,9 +51,10 @@ def run_local(
                 if i + 1 < len(chunks):
                     ahead = reader.submit(read, chunks[i + 1])
                 flow.find_and_prepare(items, finders, stages, max_side=job.max_side)
-                for task in job.tasks:
+                for task in job.tasks:  # each raw finished at once: one task's raws alive at a time
                     flow.forward(items, stages[task])
-                parts.add(flow.finish(items, stages), len(chunk))
+                    flow.finish_task(items, stages[task])
+                parts.add(flow.take_rows(items, job.tasks), len(chunk))
                 if bar is not None:
                     bar.update(len(chunk))
             parts.flush()

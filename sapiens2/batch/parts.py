@@ -97,14 +97,28 @@ class Parts:
     def _commit(self, task: Task, n: int) -> None:
         rows, self.pending[task] = self.pending[task][:n], self.pending[task][n:]
         table = rows_table(task, rows)
+        self._record(task)
         self.store.commit(self.store.write(task, table))
         self.summary.count(task, Tally.of(table), self.started, self.photos)
 
     def committed(self, written: Written, tally: Tally, photos: int) -> None:
         """A part an engine's worker wrote: commit it here, in the driver."""
         self.photos += photos
+        self._record(written.task)
         self.store.commit(written)
         self.summary.count(written.task, tally, self.started, self.photos)
+
+    def _record(self, task: Task) -> None:
+        """The task's settings beside its rows, with its first part (never for a run that did nothing)."""
+        plan = next(p for p in self.job.plans if p.task is task)
+        self.store.record_job(task, plan.made_by(self.job.dtype))
+
+    def progress_line(self, total: int) -> str:
+        """``progress: 120/1000 photos · 4.1 rows/s · 2 errors`` (photos whose parts are committed,
+        or, locally, that went through every step)."""
+        rows, errors = sum(self.summary.rows.values()), sum(self.summary.errors.values())
+        seconds = max(1e-9, time.perf_counter() - self.started)
+        return f"progress: {self.photos}/{total} photos · {rows / seconds:.2f} rows/s · {errors} errors"
 
 
 __all__ = ["QUOTED_ERRORS", "Parts", "Summary", "Tally"]

@@ -6,11 +6,18 @@
   share of a GPU each), then a CPU map step making the person crops from the photo's bytes
   (decoded again). On a CPU job the read step runs the detector itself, as the local engine
   does (no process to start, no second decode); ``detector_actors`` asks for the pool anyway;
-* forward: per task, an actor pool (``actors`` actors, each loading the model once; ``num_gpus``
-  may be a fraction, so several small models share a GPU);
-* finish + write: a CPU map step that finishes each raw into its row and writes each task's
-  rows of its batch as one Parquet part under a temporary name; the driver commits the parts as
-  they stream back (:mod:`.store`), so a killed driver leaves nothing half-done.
+* forward + finish: per task, an actor pool (``actors`` actors, each loading the model once;
+  ``num_gpus`` may be a fraction, so several small models share a GPU) that finishes each batch's
+  raws into rows as they come out of the forward, as the local engine does: the raw maps (a seg
+  model's are ~90 MB a photo) never enter the object store, only the finished rows go on;
+* write: a CPU map step that groups the finished rows into parts (``job.part_rows()`` photos)
+  and writes each task's as one Parquet file under the run's temporary name; the driver commits
+  the parts as they stream back (:mod:`.store`), so commits come steadily, a killed driver leaves
+  its committed parts, and nothing half-done.
+
+Before the first photo, one small task per node checks that a worker there can read INPUT, write
+OUT and find the weights (:mod:`.worker_check`); every step declares the memory it needs
+(:mod:`.footprint`).
 
 Each step's process keeps to the CPUs Ray gave it (:mod:`.workers`): torch's threads, OpenCV's and
 the package's pools. Between steps only one pickled :class:`~.flow.Item` per photo travels (the
@@ -18,68 +25,34 @@ network inputs, then the network-resolution outputs, and the photo's geometry; w
 are found, the detector's input and the photo's file bytes, never its decoded pixels). Each step
 counts the bytes it passes on (the run's summary: per photo, by step).
 
-No ``address``: a local Ray is started (bound to 127.0.0.1, no dashboard) and stopped at the end;
-with one, the run joins that cluster. A Ray already initialised in this process is used as it is.
-Ray is imported only here, and only when this engine runs.
+Joining a cluster (or starting a local Ray) is :mod:`.cluster`'s, before OUT is touched. Ray is
+imported only by these modules, and only when this engine runs.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from .. import errors
-from ..errors import OptionError, Sapiens2Error
-from ..runtime.cpus import available_cpus
+from ..errors import Sapiens2Error
 from ..tasks.registry import Task
 from . import flow
 from .job import BatchJob
 from .parts import Parts, Tally
+from .placement import DETECTOR_GPU_SHARE, Actors, Layout, RayOptions, actor_resources, plan_layout
 from .records import rows_table
 from .stages import TaskStages, stages_for
 from .store import Store, Written
 from .workers import use_ray_allotment
 
-
-@dataclass(frozen=True)
-class RayOptions:
-    """How the run uses Ray."""
-
-    address: str | None = None  # a cluster to join (``ray://host:10001``, ``auto``); None: start one here
-    actors: int = 1  # forward actors per task
-    gpus_per_actor: float | None = None  # None: 1 when the job is for a GPU (BatchJob.gpu), else 0
-    cpus_per_actor: float | None = None  # None: 1 beside a GPU; on CPUs, a share that leaves 1 CPU free
-    cpus: int | None = None  # a local Ray's CPUs (default: this process's)
-    object_store_bytes: int | None = None  # a local Ray's object store (default: Ray's)
-    #: people-finder actors per task that finds people; None: ``actors`` on a GPU job, 0 on a CPU
-    #: job (0: the read step finds the people itself, on its CPUs)
-    detector_actors: int | None = None
-    detector_gpus: float | None = None  # GPUs per finder actor (None: DETECTOR_GPU_SHARE on a GPU job)
-
-
-#: A people finder's default share of a GPU beside a forward actor (which then gets the rest): a
-#: DETR-R50 photo at 800 px is a small part of a pose batch's crops, and the share only schedules
-#: (both processes use the whole GPU as their work comes).
-DETECTOR_GPU_SHARE = 0.1
-
-
-@dataclass(frozen=True)
-class Actors:
-    """The actor pools of a run: per forward actor and per people-finder actor, GPUs and CPUs."""
-
-    gpus: float
-    cpus: float
-    finder_gpus: float = 0.0
-    finder_cpus: float = 0.0
-    finders: int = 0  # finder actors per task that finds people (0: the read step finds them)
+__all__ = ["DETECTOR_GPU_SHARE", "Actors", "RayOptions", "actor_resources", "run_ray", "step_names"]
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -152,7 +125,11 @@ class DeviceStep:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         items = _items(batch)
-        (flow.find_people if self.people else flow.forward)(items, self.stage)
+        if self.people:
+            flow.find_people(items, self.stage)
+        else:
+            flow.forward(items, self.stage)
+            flow.finish_task(items, self.stage)  # rows on, never the raw maps
         return _passed(items, self.label, batch)
 
 
@@ -169,13 +146,13 @@ _WRITTEN = pa.schema(
 )
 
 
-def finish_write_step(batch: pa.Table, job: BatchJob, store: Store) -> pa.Table:
-    """CPU step: items -> rows -> one part per task, written under a temporary name."""
+def write_step(batch: pa.Table, job: BatchJob, store: Store) -> pa.Table:
+    """CPU step: the items' finished rows -> one part per task, written under a temporary name."""
     use_ray_allotment()
     items = _items(batch)
     sent = {name: sum(batch.column(name).to_pylist()) for name in batch.column_names if name != "item"}
     out: list[dict[str, Any]] = []
-    for task, rows in flow.finish(items, _cpu_stages(job)).items():
+    for task, rows in flow.take_rows(items, job.tasks).items():
         if not rows:
             continue
         table = rows_table(task, rows)
@@ -199,93 +176,6 @@ def finish_write_step(batch: pa.Table, job: BatchJob, store: Store) -> pa.Table:
 # ----------------------------------------------------------------------------- driver side
 
 
-def _package_path() -> str:
-    """The folder holding the ``sapiens2`` package, for local workers to import it from."""
-    return str(Path(__file__).resolve().parents[2])
-
-
-def start_ray(opts: RayOptions) -> bool:
-    """Initialise Ray for the run; True when this call started it (and the run stops it)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if opts.address:
-        ray.init(address=opts.address, log_to_driver=True)
-        return True
-    path = os.pathsep.join(p for p in (_package_path(), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(
-        num_cpus=opts.cpus or available_cpus(),
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        object_store_memory=opts.object_store_bytes,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
-    )
-    return True
-
-
-def step_cpus(spare: float) -> float:
-    """CPUs each read or finish task asks for, given the CPUs the actors leave: half a CPU on a
-    small machine, so a read and a finish run side by side on the one CPU left (neither waits for
-    all of the other's batches to be done), a whole CPU where there are several to spare."""
-    return 1.0 if spare >= 4 else 0.5
-
-
-def actor_resources(
-    opts: RayOptions, tasks: int, cluster: dict[str, float], gpu: bool = False, finding: int = 0
-) -> Actors:
-    """The actors' resources, checked against the cluster and the job (``gpu``: its options were
-    resolved for a GPU forward; ``finding``: tasks that find people before their forward). The
-    actors must leave at least one CPU for the CPU steps, or the pipeline would wait forever."""
-    cpus, gpus = float(cluster.get("CPU", 0)), float(cluster.get("GPU", 0))
-    finders = opts.detector_actors if opts.detector_actors is not None else (opts.actors if gpu else 0)
-    finders = finders if finding else 0
-    if opts.actors < 1 or finders < 0:
-        raise OptionError(
-            f"--actors must be at least 1 and --detector-actors at least 0; got {opts.actors}, {finders}."
-        )
-    share = DETECTOR_GPU_SHARE if gpu and finders else 0.0
-    finder_gpu = share if opts.detector_gpus is None else opts.detector_gpus
-    if finder_gpu > 0 and not finders:
-        raise OptionError(
-            "--detector-gpus is for detector actors; with --detector-actors 0 the read step detects."
-        )
-    per_gpu = opts.gpus_per_actor if opts.gpus_per_actor is not None else (1.0 - share if gpu else 0.0)
-    for flag, want in (("--gpus-per-actor", per_gpu), ("--detector-gpus", finder_gpu)):
-        if want < 0 or want > gpus:
-            raise OptionError(
-                f"{flag} {want:g} but this Ray cluster has {gpus:g} GPU(s); "
-                "use 0 for CPU forwards or join a cluster with GPUs (--address)."
-            )
-        if want > 0 and not gpu:
-            raise OptionError(
-                f"The job's options were resolved for a CPU forward, but {flag} is {want:g}; "
-                "make the job and the actors' GPUs agree."
-            )
-    if gpu and per_gpu == 0:
-        raise OptionError(
-            "The job's options were resolved for a GPU forward, but the actors get 0 GPU; "
-            "make the job and --gpus-per-actor agree."
-        )
-    need = opts.actors * tasks * per_gpu + finders * finding * finder_gpu
-    if opts.address is None and need > gpus + 1e-9:  # a local Ray never grows (a cluster may scale up)
-        raise OptionError(
-            f"The actors need {need:g} GPUs ({opts.actors} per task x {tasks} task(s) x {per_gpu:g}"
-            + (f", {finders} detector actor(s) x {finder_gpu:g}" if finders else "")
-            + f") but this Ray has {gpus:g}; lower --actors, --gpus-per-actor or --detector-gpus."
-        )
-    actors = opts.actors * tasks + finders * finding
-    per_cpu = opts.cpus_per_actor
-    if per_cpu is None:
-        per_cpu = 1.0 if per_gpu > 0 else max(0.1, math.floor((cpus - 1) / actors * 10) / 10)
-    if cpus - actors * per_cpu < 1:
-        raise OptionError(
-            f"{actors} actor(s) x {per_cpu:g} CPU leave no CPU of this Ray cluster's {cpus:g} "
-            "for reading and finishing the photos; lower --actors or --cpus-per-actor."
-        )
-    return Actors(per_gpu, per_cpu, finder_gpu, per_cpu if finders else 0.0, finders)
-
-
 def run_ray(
     job: BatchJob,
     todo: Sequence[tuple[str, tuple[Task, ...]]],
@@ -295,93 +185,80 @@ def run_ray(
     *,
     progress: bool = True,
 ) -> None:
-    """Every source of ``todo`` through ``job``'s tasks on Ray; parts committed through ``parts``."""
+    """Every source of ``todo`` through ``job``'s tasks on the Ray this process has joined
+    (:func:`.cluster.connected`); parts committed through ``parts``."""
     import ray
     import ray.data
 
+    from .cluster import alive_nodes
+    from .worker_check import check_workers
+
     opts = opts or RayOptions()
-    started = start_ray(opts)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = progress
-        cluster = ray.cluster_resources()
-        stages = stages_for(job.plans)
-        finding = [t for t, st in stages.items() if st.finds_people]
-        pools = actor_resources(opts, len(job.plans), cluster, job.gpu, len(finding))
-        spare = cluster.get("CPU", 0) - pools.cpus * opts.actors * len(job.plans)
-        steps = step_cpus(spare - pools.finder_cpus * pools.finders * len(finding))
-        if not pools.finders:  # the read step finds the people itself
-            in_read, finding = tuple(t.name for t in finding), []
-        else:
-            in_read = ()
+        nodes = alive_nodes()
+        layout = plan_layout(job, opts, ray.cluster_resources(), nodes)
+        checked = check_workers(job, todo[0][0], store)
+        gib = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in layout.memory.items())
+        print(f"ray: {checked} node(s) can read INPUT, write OUT and find the weights; memory per "
+              f"step (GiB): {gib}", file=sys.stderr)  # fmt: skip
         rows = [{"source": s, "tasks": [t.name for t in tasks]} for s, tasks in todo]
         ds = ray.data.from_items(
             rows, override_num_blocks=min(len(rows), math.ceil(len(rows) / job.batch_size))
         )
-        _commit_stream(_pipeline(ds, job, store, opts, pools, finding, in_read, steps), parts, job)
+        _commit_stream(_pipeline(ds, job, store, opts, layout), parts, job)
     except Exception as err:  # a worker's package error (weights missing ...) as itself, not Ray's wrapper
         cause = _package_cause(err)
         if cause is None:
             raise
         raise cause from None
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def step_names(job: BatchJob, finding: Sequence[Task], in_read: Sequence[str] = ()) -> list[str]:
     """The run's steps in order: prepare (and the people it finds itself), each people finder
-    and the crops, each forward, finish."""
+    and the crops, each forward (which finishes its rows), write."""
     people = [f"detect {t.name}" for t in finding] + (["crops"] if finding else [])
     first = " + ".join(["prepare", *(f"detect {name}" for name in in_read)])
-    return [first, *people, *(f"forward {t.name}" for t in job.tasks), "finish"]
+    return [first, *people, *(f"forward {t.name}" for t in job.tasks), "write"]
 
 
-def _pipeline(
-    ds: Any,
-    job: BatchJob,
-    store: Store,
-    opts: RayOptions,
-    pools: Actors,
-    finding: list[Task],
-    in_read: tuple[str, ...],
-    steps: float,
-) -> Any:
-    """The Ray Data steps of the run (:func:`step_names`), each labelling the bytes it passes on."""
+def _pipeline(ds: Any, job: BatchJob, store: Store, opts: RayOptions, layout: Layout) -> Any:
+    """The Ray Data steps of the run (:func:`step_names`), each labelling the bytes it passes on
+    and declaring its memory."""
     import ray.data
 
-    names = step_names(job, finding, in_read)
+    names = step_names(job, layout.finding, layout.in_read)
     labels = iter(f"{a} -> {b}" for a, b in zip(names, names[1:], strict=False))
     batch = {"batch_size": job.batch_size, "batch_format": "pyarrow"}
+    mem, pools = layout.memory, layout.pools
     ds = ds.map_batches(
         read_prepare_step,
-        fn_kwargs={"job": job, "label": next(labels), "find": in_read},
-        num_cpus=steps,
-        **batch,
-    )
+        fn_kwargs={"job": job, "label": next(labels), "find": layout.in_read},
+        num_cpus=layout.step_cpus, memory=mem["read"], **batch,
+    )  # fmt: skip
 
     def device_step(ds: Any, task: Task, people: bool, gpus: float, cpus: float, actors: int) -> Any:
         device = "cuda" if gpus > 0 else "cpu"  # Ray shows each actor only its own GPUs
         return ds.map_batches(
             DeviceStep, fn_constructor_kwargs={"job": job, "task": task, "device": device,
                                                "label": next(labels), "people": people},
-            compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus, num_gpus=gpus or None, **batch,
+            compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus, num_gpus=gpus or None,
+            memory=mem["detect"] if people else mem[f"forward {task.name}"], **batch,
         )  # fmt: skip
 
-    for task in finding:
+    for task in layout.finding:
         ds = device_step(ds, task, True, pools.finder_gpus, pools.finder_cpus, pools.finders)
-    if finding:
+    if layout.finding:
         ds = ds.map_batches(
-            prepare_found_step, fn_kwargs={"job": job, "label": next(labels)}, num_cpus=steps, **batch
-        )
+            prepare_found_step, fn_kwargs={"job": job, "label": next(labels)},
+            num_cpus=layout.step_cpus, memory=mem["read"], **batch,
+        )  # fmt: skip
     for plan in job.plans:
         ds = device_step(ds, plan.task, False, pools.gpus, pools.cpus, opts.actors)
     return ds.map_batches(
-        finish_write_step,
-        fn_kwargs={"job": job, "store": store},
-        batch_size=job.part_rows(),
-        batch_format="pyarrow",
-        num_cpus=steps,
-    )
+        write_step, fn_kwargs={"job": job, "store": store}, batch_size=job.part_rows(),
+        batch_format="pyarrow", num_cpus=layout.step_cpus, memory=mem["write"],
+    )  # fmt: skip
 
 
 _QUOTED_ERROR = re.compile(r"sapiens2\.errors\.(\w+): ([^\n]+)")

@@ -6,7 +6,10 @@ missing. The run's work is :mod:`sapiens2.batch`; this module reads the command 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 from typing import Any
 
 from ..errors import Sapiens2Error
@@ -60,10 +63,12 @@ def add(parser: argparse.ArgumentParser) -> None:
     ray.add_argument(
         "--address", help="a Ray cluster to join (e.g. auto, ray://head:10001); default: start one here"
     )
+    ray.add_argument("--connect-timeout", type=float, metavar="S",
+                     help="seconds to wait for the cluster at --address (default: $SAPIENS2_RAY_CONNECT_TIMEOUT or 30)")  # fmt: skip
     ray.add_argument("--actors", type=int, default=1, metavar="N", help="forward actors per task (default 1)")
     ray.add_argument("--gpus-per-actor", type=float, metavar="G",
-                     help="GPUs per forward actor, fractions share a GPU (default: 1 with --address or a local "
-                     "GPU, else 0)")  # fmt: skip
+                     help="GPUs per forward actor, fractions share a GPU (default: 1 where the cluster "
+                     "or this machine has GPUs, else 0)")  # fmt: skip
     ray.add_argument("--cpus-per-actor", type=float, metavar="C",
                      help="CPUs per actor (default: 1 beside a GPU; on CPUs a share leaving one CPU free)")  # fmt: skip
     ray.add_argument("--detector-actors", type=int, metavar="N",
@@ -111,27 +116,33 @@ def _sizes(specs: list[str]) -> tuple[str | None, dict[registry.Task, str]]:
     return every, per_task
 
 
-def _on_gpu(args: argparse.Namespace) -> bool:
+def _on_gpu(args: argparse.Namespace, cluster: dict[str, float] | None = None) -> tuple[bool, str]:
+    """Whether the forward runs on GPUs, and why (said where a default is refused). ``cluster``:
+    the resources of the cluster at ``--address`` (joined first to choose the default)."""
     if args.engine == "ray":
-        if args.gpus_per_actor is None:  # the actors' default: a GPU each where there are GPUs
-            return bool(args.address) or _local_gpu()
-        return args.gpus_per_actor > 0
+        if args.gpus_per_actor is not None:
+            return args.gpus_per_actor > 0, f"--gpus-per-actor {args.gpus_per_actor:g}"
+        if cluster is not None:
+            gpus = cluster.get("GPU", 0)
+            return gpus > 0, f"the cluster at {args.address} has {gpus:g} GPU(s)"
+        local = _local_gpu()
+        return local, f"a local Ray, {'with' if local else 'without'} a GPU here"
     if args.device:
-        return args.device.startswith("cuda")
+        return args.device.startswith("cuda"), f"--device {args.device}"
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.is_available(), "the default device"
 
 
-def build_job(args: argparse.Namespace) -> tuple[Any, str, Any]:
-    """(the job, INPUT, the engine's options) from the command line; OptionError / CheckpointError
-    for anything unusable."""
+def build_job(args: argparse.Namespace, cluster: dict[str, float] | None = None) -> tuple[Any, str, Any]:
+    """(the job, INPUT, the engine's options) from the command line (``cluster``: the joined
+    cluster's resources, for the GPU default); OptionError / CheckpointError for anything unusable."""
     from ..batch.job import BatchJob, parse_network_size, resolve_dtype, task_plan
     from ..errors import OptionError
     from ..models.checkpoints import Checkpoints
 
     names, source = args.tasks, args.input
-    gpu = _on_gpu(args)
+    gpu, why = _on_gpu(args, cluster)
     checkpoints = Checkpoints.parse(args.checkpoint)
     every, per_task = _sizes(args.size)
     hw = parse_network_size(args.network_size) if args.network_size else None
@@ -159,7 +170,9 @@ def build_job(args: argparse.Namespace) -> tuple[Any, str, Any]:
         engine_options = RayOptions(
             args.address, args.actors, args.gpus_per_actor, args.cpus_per_actor,
             detector_actors=args.detector_actors, detector_gpus=args.detector_gpus,
+            connect_timeout=args.connect_timeout, gpu_reason=why,
         )  # fmt: skip
+        print(f"ray: forward on {'GPUs' if gpu else 'CPUs'} ({why})", file=sys.stderr)
     return job, source, engine_options
 
 
@@ -184,15 +197,40 @@ def _local_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _joined(args: argparse.Namespace) -> Any:
+    """The cluster at ``--address``, joined before the job is built when its GPUs choose the
+    default (no ``--gpus-per-actor``); else nothing yet (the run joins or starts Ray itself)."""
+    if args.engine != "ray" or not args.address or args.gpus_per_actor is not None:
+        return contextlib.nullcontext(None)
+    from ..batch.cluster import connected
+    from ..batch.placement import RayOptions
+
+    return connected(RayOptions(args.address, connect_timeout=args.connect_timeout))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..batch import run as run_batch
 
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _interrupted) if main else None  # SIGTERM ends it as Ctrl-C
     try:
-        job, source, engine_options = build_job(args)
-        summary = run_batch(job, source, engine=args.engine, engine_options=engine_options)
+        with _joined(args) as cluster:
+            job, source, engine_options = build_job(args, cluster)
+            summary = run_batch(job, source, engine=args.engine, engine_options=engine_options)
     except (Sapiens2Error, KeyError) as err:  # before any photo: once, without a traceback
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as err:
+        print(f"error: interrupted ({err or 'SIGINT'}); committed parts are kept, a rerun goes on from them",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
     for task, where, error in summary.quoted:
         print(f"error ({task}) {where}: {error}", file=sys.stderr)
     failed = sum(summary.errors.values())
