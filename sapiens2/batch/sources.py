@@ -66,6 +66,8 @@ def _mount(prefix: str) -> tuple[pafs.FileSystem, str]:
     a client is made once, not per photo. pyarrow's own filesystems first, then fsspec's."""
     if prefix == "file://":
         return pafs.LocalFileSystem(), ""
+    if prefix.startswith("s3://"):  # a small part in one request, not a multipart upload (three)
+        prefix += "?allow_delayed_open=true"
     try:
         return pafs.FileSystem.from_uri(prefix)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
