@@ -410,6 +410,7 @@ def test_tiny_checkpoint_end_to_end(tiny_pose: Path, tmp_path: Path) -> None:
     assert all(len(a["keypoints"]) == 51 for a in coco["annotations"])
     body25 = json.loads((tmp_path / "out" / "three_people_openpose_body25.json").read_text())
     assert [len(p["pose_keypoints_2d"]) for p in body25["people"]] == [75, 75, 75]
+    assert (body25["canvas_width"], body25["canvas_height"]) == (320, 240)  # as the COCO-18 file has it
     assert [len(p["face_keypoints_2d"]) + len(p["hand_left_keypoints_2d"]) for p in body25["people"]] == [
         273
     ] * 3

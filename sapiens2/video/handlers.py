@@ -342,8 +342,8 @@ class PoseFrames(FrameHandler):
             write_pose_tracks(out_dir, name, self.frames, size=size, fps=fps, meta=meta),
             write_coco_tracks(out_dir, name, self.frames, size=size, threshold=thr),
             write_wholebody_tracks(out_dir, name, self.frames, threshold=thr),
-            write_openpose_zip(out_dir, name, self.frames, threshold=thr),
-            write_openpose_zip(out_dir, name, self.frames, threshold=thr, coco18_size=size),
+            write_openpose_zip(out_dir, name, self.frames, threshold=thr, size=size),
+            write_openpose_zip(out_dir, name, self.frames, threshold=thr, size=size, coco18=True),
             write_keypoints_csv(out_dir, name, self.frames),
         ]
         video = write_openpose_video(out_dir, name, self.frames, size=size, fps=fps, threshold=thr)
