@@ -90,7 +90,7 @@ def build_demo(
                 all_status = gr.Textbox(label="Run all tasks: status", interactive=False, max_lines=4)
                 gr.Markdown(
                     f"Photos up to {MAX_FILE_SIZE}; sides above 4096 px are downscaled for inference "
-                    "and results mapped back. Weights download from the Hub on first use."
+                    f"and results mapped back. {weights_note(manager)}"
                 )
         with gr.Tabs():
             tabs = [task_tab(run, task, photo, EXAMPLES, operator) for task in tasks.values()]
@@ -104,6 +104,22 @@ def build_demo(
 
 
 # ----------------------------------------------------------------------------- command line
+
+
+def weights_note(manager: serving.ModelManager) -> str:
+    """Where this server's weights come from, as the page says it: the Hub only where a shown task
+    has no local checkpoint and downloads are allowed."""
+    from huggingface_hub import constants
+
+    tasks = manager.tasks().values()
+    local = [t for t in tasks if registry.local_checkpoint_found(t.spec, manager.checkpoints)]
+    if len(local) == len(tasks):
+        return "Weights: this server's local checkpoints."
+    if constants.HF_HUB_OFFLINE:
+        return "Offline: weights come from local checkpoints and files already downloaded."
+    if local:
+        return f"Weights download from the Hub on first use ({', '.join(t.tab for t in local)}: local checkpoints)."
+    return "Weights download from the Hub on first use."
 
 
 def _mcp_available() -> bool:

@@ -227,3 +227,22 @@ def test_an_unavailable_borrowed_model_is_tried_and_logged_once(
     with pytest.raises(WeightsUnavailableError):
         pipe.seg.get()
     assert len(tries) == 2
+
+
+# ------------------------------------------------------------------ item 8: the page's weights line
+
+
+def test_the_page_says_where_the_weights_come_from(tiny_checkpoints, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    import app
+    from sapiens2 import serving
+
+    monkeypatch.delenv("SAPIENS2_CHECKPOINTS", raising=False)
+    every = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+    assert app.weights_note(every) == "Weights: this server's local checkpoints."
+    some = serving.ModelManager(device="cpu", checkpoints={"seg": tiny_checkpoints["seg"]})
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert app.weights_note(some).startswith("Weights download from the Hub on first use (Body parts: local")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert "from the Hub" not in app.weights_note(some) and app.weights_note(some).startswith("Offline")
