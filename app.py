@@ -5,7 +5,7 @@ UI assembly only: the page is generated from the task registry (``sapiens2.tasks
 ``sapiens2.ui``; requests go through ``sapiens2.serving``. Run it with
 
     python app.py [--host 0.0.0.0] [--port 7860] [--share] [--device cuda] [--size 0.4b]
-                  [--checkpoint pose=/path/to/ckpt.safetensors ...]
+                  [--checkpoint [pose=]/path/to/ckpt.safetensors ...]
 
 or ``gradio app.py`` for hot reload (the module's ``demo`` is built on first use).
 """
@@ -23,10 +23,10 @@ from typing import Any
 import gradio as gr
 
 from sapiens2 import serving, zerogpu
-from sapiens2.errors import OptionError
+from sapiens2.errors import OptionError, Sapiens2Error
 from sapiens2.inputs.limits import MAX_FILE_BYTES
 from sapiens2.models import hub_cache
-from sapiens2.models.checkpoints import CHECKPOINTS_ENV, Checkpoints
+from sapiens2.models.checkpoints import CHECKPOINT_HELP, CHECKPOINTS_ENV, Checkpoints
 from sapiens2.runtime import heap
 from sapiens2.tasks import registry
 from sapiens2.ui import arrival, live_tab, mcp_files
@@ -90,7 +90,7 @@ def build_demo(
                 all_status = gr.Textbox(label="Run all tasks: status", interactive=False, max_lines=4)
                 gr.Markdown(
                     f"Photos up to {MAX_FILE_SIZE}; sides above 4096 px are downscaled for inference "
-                    "and results mapped back. Weights download from the Hub on first use."
+                    f"and results mapped back. {weights_note(manager)}"
                 )
         with gr.Tabs():
             tabs = [task_tab(run, task, photo, EXAMPLES, operator) for task in tasks.values()]
@@ -104,6 +104,22 @@ def build_demo(
 
 
 # ----------------------------------------------------------------------------- command line
+
+
+def weights_note(manager: serving.ModelManager) -> str:
+    """Where this server's weights come from, as the page says it: the Hub only where a shown task
+    has no local checkpoint and downloads are allowed."""
+    from huggingface_hub import constants
+
+    tasks = manager.tasks().values()
+    local = [t for t in tasks if registry.local_checkpoint_found(t.spec, manager.checkpoints)]
+    if len(local) == len(tasks):
+        return "Weights: this server's local checkpoints."
+    if constants.HF_HUB_OFFLINE:
+        return "Offline: weights come from local checkpoints and files already downloaded."
+    if local:
+        return f"Weights download from the Hub on first use ({', '.join(t.tab for t in local)}: local checkpoints)."
+    return "Weights download from the Hub on first use."
 
 
 def _mcp_available() -> bool:
@@ -132,11 +148,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=None, help="port (default 7860 or the next free one)")
     ap.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights dtype (default auto: bfloat16 on a GPU, float32 on a CPU)",
+    )  # fmt: skip
     ap.add_argument("--size", default=None, help="default model size for every task that offers it")
     ap.add_argument(
-        "--checkpoint", action="append", default=[], metavar="TASK=PATH",
-        help=f"this checkpoint file/folder is TASK's model; a size only checks it (repeatable; also ${CHECKPOINTS_ENV})",
+        "--checkpoint", action="append", default=[], metavar="[TASK=]PATH",
+        help=f"{CHECKPOINT_HELP}. TASK: {', '.join(registry.declared())} (also ${CHECKPOINTS_ENV})",
     )  # fmt: skip
     ap.add_argument("--max-models", type=int, default=None, help="models kept loaded besides preloaded ones")
     ap.add_argument("--preload", action="store_true", help="load each task's default size before serving")
@@ -159,7 +178,7 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
                 raise OptionError(
                     f"--size {args.size!r} is not a model size; choose one of: {', '.join(sorted(sizes))}."
                 )
-    except OptionError as err:
+    except Sapiens2Error as err:  # a bad option, a missing or unreadable checkpoint
         raise SystemExit(f"error: {err}") from None
     manager = serving.ModelManager(
         device=args.device,

@@ -304,6 +304,16 @@ def test_normal_seg_unavailable_keeps_pixels_and_retries():
         NormalPipeline(model=Fake(normals), seg="0.4b")
 
 
+def test_a_photo_far_below_the_network_input_gets_a_notice():
+    def normals(x):
+        return NormalOutput(normals=torch.ones(1, 3, *x.shape[2:]))
+
+    pipe = NormalPipeline(model=Fake(normals))  # the release's 1024x768 input
+    [tiny] = [n for n in pipe(np.full((8, 8, 3), 128, np.uint8)).notices if "far below" in n]
+    assert tiny.startswith("The image is 8x8 px, far below the network's 768x1024 input") and "96x" in tiny
+    assert not [n for n in pipe(photo()).notices if "far below" in n]  # 61x45: enlarged 12.6x, no notice
+
+
 # --------------------------------------------------------------------- pointmap
 
 

@@ -108,6 +108,32 @@ def test_weak_maps_take_the_release_s_own_blur() -> None:
     assert np.abs(kp - ref_kp).max() < 1e-4
 
 
+def test_flat_maps_keep_the_peak_cell_and_sharp_maps_the_release_s_point(tiny_pose: Path) -> None:
+    """A random model's heatmaps (flat: no located peak) throw some of the release's points far off
+    the map; those stay on their argmax cell with a score under the drawings' 0.3 threshold, and
+    every other point is the release's. Sharp maps (Gaussians) are the release's, scores intact."""
+    model = sapiens2.load_model("pose", checkpoint=tiny_pose, device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        hm = model(torch.rand(2, 3, 256, 192)).heatmaps.float().numpy()
+    h, w = hm.shape[2:]
+    kp, sc = decode_heatmaps(hm)
+    flat = hm.reshape(*hm.shape[:2], -1).argmax(-1)
+    cell = np.stack([flat % w, flat // w], -1).astype(np.float32)
+    ref = np.stack([release_decode(hm[:, j : j + 1])[0][:, 0] for j in range(hm.shape[1])], 1)
+    far = (np.abs(ref - cell).max(-1) > 11) & (sc > 0)  # beyond the blur kernel's width
+    assert far.sum() >= 5 and np.abs(ref[far]).max() > 4 * max(h, w)  # the release's far-off points
+    assert np.array_equal(kp[far], cell[far]) and (sc[far] <= pose_codec.UNLOCATED_SCORE).all()
+    assert np.abs(kp[~far] - ref[~far]).max() < 0.01
+    assert (kp >= -12).all() and (kp[..., 0] <= w + 11).all() and (kp[..., 1] <= h + 11).all()
+
+    centers = np.random.default_rng(3).uniform([4, 4], [43, 59], size=(1, 30, 2))
+    sharp = gaussians(centers, (64, 48), 2.0)
+    kp, sc = decode_heatmaps(sharp)
+    ref_kp, ref_sc = release_decode(sharp)
+    assert np.array_equal(sc, ref_sc) and (sc > 0.5).all() and np.abs(kp - ref_kp).max() < 1e-3
+
+
 def test_the_gpu_s_banded_blur_equals_the_cpu_s_cv2_blur() -> None:
     maps = torch.from_numpy(np.random.default_rng(5).normal(size=(7, 40, 30)).astype(np.float32))
     for kernel in (3, 11):
@@ -384,6 +410,7 @@ def test_tiny_checkpoint_end_to_end(tiny_pose: Path, tmp_path: Path) -> None:
     assert all(len(a["keypoints"]) == 51 for a in coco["annotations"])
     body25 = json.loads((tmp_path / "out" / "three_people_openpose_body25.json").read_text())
     assert [len(p["pose_keypoints_2d"]) for p in body25["people"]] == [75, 75, 75]
+    assert (body25["canvas_width"], body25["canvas_height"]) == (320, 240)  # as the COCO-18 file has it
     assert [len(p["face_keypoints_2d"]) + len(p["hand_left_keypoints_2d"]) for p in body25["people"]] == [
         273
     ] * 3

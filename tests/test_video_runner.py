@@ -145,8 +145,10 @@ def test_pose_clip_batches_tracks_and_exports(tmp_path: Path) -> None:
     with zipfile.ZipFile(tmp_path / "out/walk_openpose_body25.zip") as z:
         names = z.namelist()  # OpenPose's one file per frame, frame index in 12 digits
         assert names == [f"walk_{k:012d}_keypoints.json" for k in range(8)]
-        people = json.loads(z.read(names[5]))["people"]
+        doc25 = json.loads(z.read(names[5]))
+        people = doc25["people"]
         assert {p["person_id"][0] for p in people} == {0, 1}
+        assert (doc25["canvas_width"], doc25["canvas_height"]) == (96, 64)  # as the COCO-18 files have it
         assert [(len(p["hand_right_keypoints_2d"]), len(p["face_keypoints_2d"])) for p in people] == [
             (63, 210)
         ] * 2

@@ -550,3 +550,96 @@ def test_all_tasks_keeps_the_tasks_done_when_the_gpu_fails_partway(tiny_checkpoi
     rest = [shown["matting"], shown["features"]]
     assert all(isinstance(e, GpuUnavailableError) for e in rest) and rest[0] is rest[1]
     assert str(rest[0]).startswith("Not run: Matting, Features.") and "GPU task aborted" in str(rest[0])
+
+
+# ----------------------------------------------------------------------------- a worker that cannot start
+
+
+def _fake_spaces(monkeypatch, fails: int, *, stream: bool = False) -> list[int]:
+    """GpuEntry on ZeroGPU with spaces' call replaced: its first ``fails`` worker starts raise
+    OSError(ENOMEM) as os.fork() did; the starts are counted in the returned list."""
+    import errno
+
+    monkeypatch.setattr(zerogpu, "START_RETRY_PAUSE_S", 0.0)
+    starts: list[int] = []
+
+    def start() -> None:
+        starts.append(1)
+        if len(starts) <= fails:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    def run(fn, args):  # the worker's side, in this process (not marked as a worker: it may load)
+        try:
+            return zerogpu._Outcome(os.getpid(), value=fn(*args))
+        except Exception as err:
+            return zerogpu._Outcome(os.getpid(), error=err)
+
+    def decorate(self: GpuEntry, number: int) -> zerogpu._Generation:
+        def call(*args):
+            if not stream:
+                start()
+                return run(self.fn, args)
+
+            def values():
+                start()
+                yield from (zerogpu._Outcome(os.getpid(), value=v) for v in self.fn(*args))
+
+            return values()
+
+        return zerogpu._Generation(number, call, call)
+
+    monkeypatch.setattr(GpuEntry, "_decorate", decorate)
+    return starts
+
+
+def test_a_worker_that_cannot_start_is_retried_once_then_the_gpu_is_unavailable(monkeypatch) -> None:
+    starts = _fake_spaces(monkeypatch, fails=1)
+    assert GpuEntry(lambda x: x + 1, 5, zero_gpu=True)(2) == 3 and len(starts) == 2  # the one retry ran it
+    starts = _fake_spaces(monkeypatch, fails=2)
+    with pytest.raises(GpuUnavailableError, match=r"^The GPU is unavailable right now") as caught:
+        GpuEntry(lambda x: x + 1, 5, zero_gpu=True)(2)
+    assert len(starts) == 2 and "OSError" not in str(caught.value) and str(caught.value).count(". ") == 0
+
+    def worker_side() -> None:  # an OSError of the call itself (it ran): no retry, the error as it is
+        raise OSError(12, "the call's own")
+
+    starts = _fake_spaces(monkeypatch, fails=0)
+    with pytest.raises(OSError, match="the call's own"):
+        GpuEntry(worker_side, 5, zero_gpu=True)()
+    assert len(starts) == 1
+
+
+def test_a_stream_whose_worker_cannot_start_keeps_the_tasks_done(
+    monkeypatch, tiny_checkpoints, tmp_path
+) -> None:
+    """Run all through a streaming entry: a start that fails once is retried and every task runs;
+    one that fails twice reads as the GPU being unavailable, in the one plain sentence per task."""
+    import numpy as np
+
+    from sapiens2 import serving
+
+    manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
+    tasks = {T(t): (None, {}) for t in ("seg", "normal")}
+    for fails, ran in ((1, True), (2, False)):
+        photo = np.full((48, 32, 3), fails, np.uint8)  # another photo: not an answer from the cache
+        starts = _fake_spaces(monkeypatch, fails=fails, stream=True)
+        entry = GpuEntry(lambda unit: unit.run(manager), 5, zero_gpu=True, generator=True)
+        requests = serving.RequestRunner(manager, serving.RequestFolders(tmp_path), device=entry)
+        shown = requests.run_all(photo, tasks)
+        assert len(starts) == 2, shown
+        if ran:
+            assert all(isinstance(shown[t], serving.Presented) for t in ("seg", "normal"))
+        else:
+            assert all(isinstance(shown[t], GpuUnavailableError) for t in ("seg", "normal"))
+            assert "The GPU is unavailable right now" in str(shown["seg"])
+
+
+def test_a_failed_worker_start_under_the_emulation(tmp_path: Path) -> None:
+    """spaces' own wrappers, os.fork failing with ENOMEM in the server: once is retried and runs
+    in a worker, twice is the GPU being unavailable, and the next call starts a worker as usual."""
+    run = run_scenario("worker_start", tmp_path)
+    server = run["server_pid"]
+    assert run["once"]["pid"] not in (None, server) and run["once_forks_left"] == 0
+    assert run["twice"]["error"] == "GpuUnavailableError" and run["twice_forks_left"] == 0
+    assert run["twice"]["message"].startswith("The GPU is unavailable right now")
+    assert run["after"]["pid"] not in (None, server)

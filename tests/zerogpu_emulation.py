@@ -384,6 +384,38 @@ def scenario_residency(tmp: Path, checkpoint_a: str, checkpoint_b: str) -> dict[
     return out
 
 
+def scenario_worker_start(tmp: Path) -> dict[str, Any]:
+    """A GPU call whose worker cannot start: ``os.fork`` in the server fails with ENOMEM (what
+    4 of 7 retries after a quota refusal met on a quiet 24 GB machine). Once: the entry's one
+    retry runs the call in a worker; twice: GpuUnavailableError in one sentence."""
+    import errno
+
+    from sapiens2.zerogpu import entry as zerogpu_entry
+    from sapiens2.zerogpu.entry import GpuEntry, resident_changed
+
+    install_fake_backend()
+    zerogpu_entry.START_RETRY_PAUSE_S = 0.0
+    real_fork, failing = os.fork, [0]
+
+    def fork() -> int:
+        if failing[0] > 0:
+            failing[0] -= 1
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real_fork()
+
+    os.fork = fork
+    entry = GpuEntry(_plain_lookup, duration=30)
+    out: dict[str, Any] = {"server_pid": os.getpid()}
+    for name, fails in (("once", 1), ("twice", 2)):
+        resident_changed()  # a new generation: the call forks a fresh worker
+        failing[0] = fails
+        out[name] = _call(entry, "a")
+        out[f"{name}_forks_left"] = failing[0]
+    resident_changed()
+    out["after"] = _call(entry, "a")  # the next call starts a worker as usual
+    return out
+
+
 class Probe:
     """A real pipeline, loaded by the app's model cache, whose device step reports what the
     worker holds (its pid and a checksum of the model's weights) instead of running the model:

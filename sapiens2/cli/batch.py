@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import Sapiens2Error
 from ..tasks import registry
-from .tasks import DTYPES, add_option, flag
+from .tasks import DTYPES, add_checkpoint, add_option, flag, task_names
 
 NAME = "batch"
 HELP = (
@@ -30,8 +30,7 @@ def _batch_tasks() -> list[registry.Task]:
 
 
 def add(parser: argparse.ArgumentParser) -> None:
-    names = ", ".join(t.name for t in _batch_tasks())
-    parser.add_argument("tasks", nargs="+", metavar="TASK", help=f"what to compute: {names}")
+    parser.add_argument("tasks", nargs="+", metavar="TASK", help=f"what to compute: {task_names()}")
     parser.add_argument(
         "input",
         metavar="INPUT",
@@ -39,8 +38,7 @@ def add(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", "-o", required=True, help="OUT: a folder or URI; OUT/<task>/ per task")
     parser.add_argument("--engine", choices=("local", "ray"), default="local", help="default: %(default)s")
-    parser.add_argument("--checkpoint", action="append", default=[], metavar="TASK=PATH",
-                        help="a task's .safetensors file or folder (repeat per task)")  # fmt: skip
+    add_checkpoint(parser)
     parser.add_argument("--size", action="append", default=[], metavar="[TASK=]SIZE",
                         help="model size, for every task or one (default: the task's default for the device)")  # fmt: skip
     parser.add_argument(
@@ -143,11 +141,12 @@ def build_job(args: argparse.Namespace, cluster: dict[str, float] | None = None)
 
     names, source = args.tasks, args.input
     gpu, why = _on_gpu(args, cluster)
-    checkpoints = Checkpoints.parse(args.checkpoint)
+    tasks = list(dict.fromkeys(registry.get(n) for n in names))  # the command's names, looked up once
+    checkpoints = Checkpoints.parse(args.checkpoint, [t.name for t in tasks])
     every, per_task = _sizes(args.size)
     hw = parse_network_size(args.network_size) if args.network_size else None
     plans = []
-    for task in dict.fromkeys(registry.get(n) for n in names):  # the command's names, looked up once
+    for task in tasks:
         values = {o.name: getattr(args, o.name, None) for o in task.options if o.stage == "infer"}
         switches: dict[str, Any] = _detector(args, task)
         for switch in task.cli_switches:

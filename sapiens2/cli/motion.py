@@ -23,6 +23,7 @@ HELP = "3D motion from a clip: pose + pointmap -> an animated skeleton per perso
 
 def add(parser: argparse.ArgumentParser) -> None:
     from ..video.reader import VideoLimits
+    from .tasks import add_checkpoint
 
     parser.add_argument(
         "inputs", nargs="+", metavar="CLIP", help="video files (MP4, MOV, WebM, animated GIF)"
@@ -31,10 +32,7 @@ def add(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", help="model size of pose and pointmap (default: the tasks' default)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="weights dtype")
-    parser.add_argument(
-        "--checkpoint", action="append", default=[], metavar="TASK=PATH",
-        help="a checkpoint for pose, pointmap or seg (repeat the flag for each)",
-    )  # fmt: skip
+    add_checkpoint(parser)  # for pose, pointmap or seg
     parser.add_argument(
         "--stride", type=int, default=1, metavar="N", help="process every N-th frame (default 1)"
     )
@@ -68,7 +66,7 @@ def _pipelines(args: argparse.Namespace) -> tuple[Any, Any]:
     from ..tasks.pose import PosePipeline
     from ..tasks.seg import SegPipeline
 
-    ckpt = Checkpoints.parse(args.checkpoint)
+    ckpt = Checkpoints.parse(args.checkpoint, [PosePipeline.task, PointmapPipeline.task, SegPipeline.task])
     dtype = getattr(torch, args.dtype) if args.dtype else None
     common = {"device": args.device, "dtype": dtype}
     seg_file = ckpt.get(SegPipeline.task)  # none: the pointmap loads its own seg when it needs it

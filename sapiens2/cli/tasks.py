@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import OptionError, Sapiens2Error
 from ..inputs.intake import IMAGE_EXTENSIONS
-from ..models.checkpoints import Checkpoints
+from ..models.checkpoints import CHECKPOINT_HELP, Checkpoints
 from ..tasks import registry
 from ..tasks.options import Option
 
@@ -63,11 +63,19 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=sorted(DTYPES), help="weights dtype (default: bfloat16 on GPU, float32 on CPU)"
     )
+    add_checkpoint(parser)
+
+
+def add_checkpoint(parser: argparse.ArgumentParser) -> None:
+    """``--checkpoint [TASK=]PATH``, repeatable: the same flag and help in every command."""
     parser.add_argument(
-        "--checkpoint",
-        help="a .safetensors file or a folder holding one (instead of the Hub); it decides the model, "
-        "and --size, if given, must match a published-size file",
+        "--checkpoint", action="append", default=[], metavar="[TASK=]PATH", help=CHECKPOINT_HELP
     )
+
+
+def task_names() -> str:
+    """Every task a command takes, in tab order: the one list of the help texts and errors."""
+    return ", ".join(registry.declared())
 
 
 def add_video(parser: argparse.ArgumentParser, task: registry.Task) -> None:
@@ -98,9 +106,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """One sub-command per declared task; its flags from the task's options."""
     shown = registry.all_tasks(_env_checkpoints())
     for task in registry.declared().values():
-        # a task without weights here (albedo off the Hub) runs with --checkpoint but is not listed
-        listed = {"help": task.summary} if task.name in shown else {}
-        tp = sub.add_parser(task.name, description=task.summary, **listed)
+        # every task is listed; one without weights here (albedo: not on the Hub) says what it needs
+        summary = (
+            task.summary if task.name in shown else f"{task.summary} Needs --checkpoint (not on the Hub)."
+        )
+        tp = sub.add_parser(task.name, description=summary, help=summary)
         add_common(tp)
         if task.video is not None:
             add_video(tp, task)
@@ -223,14 +233,22 @@ def make_pipeline(args: argparse.Namespace, task: registry.Task) -> Any:
     for switch in task.cli_switches:
         if getattr(args, switch.flag.lstrip("-").replace("-", "_")):
             extra.update(switch.kwargs)
-    pipe = task.pipeline(args.size, checkpoint=args.checkpoint, device=args.device, dtype=dtype, **extra)
-    if args.checkpoint and args.size and getattr(pipe, "size", args.size) is None:  # say what ran
+    checkpoint = _checkpoint(args, task)
+    pipe = task.pipeline(args.size, checkpoint=checkpoint, device=args.device, dtype=dtype, **extra)
+    if checkpoint and args.size and getattr(pipe, "size", args.size) is None:  # say what ran
         print(
-            f"note: {args.checkpoint} has no published size; it runs as 'custom' (--size {args.size} "
+            f"note: {checkpoint} has no published size; it runs as 'custom' (--size {args.size} "
             "is not checked)",
             file=sys.stderr,
         )
     return pipe
+
+
+def _checkpoint(args: argparse.Namespace, task: registry.Task) -> Path | None:
+    """The command's one ``--checkpoint``, as PATH or TASK=PATH (TASK must be this command's)."""
+    if len(args.checkpoint) > 1:
+        raise OptionError(f"{task.name} takes one --checkpoint; got {len(args.checkpoint)}.")
+    return Checkpoints.parse(args.checkpoint, [task.name]).get(task.name)
 
 
 def run_images(args: argparse.Namespace, task: registry.Task, files: list[Path], failed: int) -> int:

@@ -168,8 +168,8 @@ def checkpoint_size_conflict(file_size: str | None, size: str | None) -> str | N
 def _check_identity(path: Path, info: ArchInfo, task: str, size: str | None, *, explicit: bool) -> None:
     if info.task != task:
         raise CheckpointError(
-            f"{path} is {_what(info)}, not a {task} checkpoint. "
-            f"Load it with load_model({info.task!r}, checkpoint=...) or pass a {task} file."
+            f"{path} is {_what(info)}, not a {task} checkpoint: use it as the {info.task} "
+            f"checkpoint, or give a {task} file."
         )
     if size is None or info.size == size:
         return
@@ -250,7 +250,9 @@ def _progress(fh: Any, keys: list[str], path: Path) -> Any:
     for key in keys:
         info = fh.get_slice(key)
         total += math.prod(info.get_shape()) * _DTYPE_BYTES.get(info.get_dtype(), 4)
-    return tqdm(total=total, unit="B", unit_scale=True, desc=f"Loading {path.name}", leave=False)
+    return tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"Loading {path.name}", leave=False, delay=0.5
+    )  # a load that ends in under half a second leaves no bar behind
 
 
 def _read_tensor(fh: Any, key: str, path: Path) -> torch.Tensor:

@@ -8,8 +8,13 @@ Everything runs on the heatmaps' own device for all people and keypoints at once
 
 Deliberate differences, each only where the release would produce garbage or crash:
 non-finite heatmap values count as 0; points with score <= 0 stay at (-1, -1) (the release
-refines them from whatever lies beyond the map's corner); a singular Hessian leaves the argmax
-unrefined (the release raises LinAlgError); a blurred map whose maximum is 0 is not rescaled.
+refines them from whatever lies beyond the map's corner); a blurred map whose maximum is 0 is not
+rescaled; and where the Newton step is singular (the release raises LinAlgError) or would leave
+the blur's reach (``blur_kernel`` px from the argmax on either axis; a flat map: the release's
+point lands up to millions of pixels off), the point stays on the argmax cell and its score is
+capped at :data:`UNLOCATED_SCORE`. A peak of a trained
+model's map (a Gaussian) steps less than half a pixel, so the release's result is kept wherever
+its step is well-conditioned.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ import torch.nn.functional as F
 
 from ..data.metadata import FLIP_INDEX, NUM_KEYPOINTS
 from ..errors import OptionError
+
+#: The score of a point whose map has no located peak (its step is singular or leaves the reach):
+#: it stays on the peak's cell, below the 0.3 threshold the drawings, the 3D lift and the
+#: formats use by default, since the map does not say where the point is.
+UNLOCATED_SCORE = 0.1
 
 
 def _gaussian_1d(kernel: int, device: torch.device) -> torch.Tensor:
@@ -205,9 +215,15 @@ def _decode(hm: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor, 
     ox = (hyy * gx - hxy * gy) / det
     oy = (hxx * gy - hxy * gx) / det
     ok = valid & (det != 0) & torch.isfinite(ox) & torch.isfinite(oy)
+    # the step is trusted within the blur's reach (a kernel's width: the blurred 3x3 holds the raw
+    # map up to kernel // 2 + 1 px away; the release's weak, clamped maps step up to ~7 px and
+    # are kept). Further out the map is flat (no located peak) and the release's step lands
+    # anywhere, up to millions of pixels away.
+    ok &= (ox.abs() <= kernel) & (oy.abs() <= kernel)
     x = torch.where(ok, xi - ox, xi.to(wide)).to(torch.float32)
     y = torch.where(ok, yi - oy, yi.to(wide)).to(torch.float32)
     kp = torch.stack([torch.where(valid, x, -1.0), torch.where(valid, y, -1.0)], dim=-1)
+    scores = torch.where(valid & ~ok, scores.clamp(max=UNLOCATED_SCORE), scores)
     return kp.reshape(n, k, 2), scores.reshape(n, k), len(bad)
 
 
@@ -270,6 +286,7 @@ def decode_crops(
 
 
 __all__ = [
+    "UNLOCATED_SCORE",
     "decode_checked",
     "decode_crops",
     "decode_heatmaps",

@@ -284,18 +284,28 @@ def body25_arrays(keypoints: Any, scores: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def openpose_body25_json(
-    keypoints: Any, scores: Any, *, threshold: float = 0.3, hands: bool = True, face: bool = True
+    keypoints: Any,
+    scores: Any,
+    *,
+    threshold: float = 0.3,
+    hands: bool = True,
+    face: bool = True,
+    image_size: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """OpenPose JSON (version 1.3): per person ``pose_keypoints_2d`` = [x, y, c] * 25,
     ``hand_left_keypoints_2d`` / ``hand_right_keypoints_2d`` = [x, y, c] * 21 and
     ``face_keypoints_2d`` = [x, y, c] * 70 (:mod:`sapiens2.outputs.openpose`: OpenPose's hand and
-    face orders), the 3D arrays empty.
+    face orders), the 3D arrays empty. ``image_size`` (width, height), when given, is written as
+    ``canvas_width``/``canvas_height``, as the COCO-18 file has it.
 
     Points below the threshold or not finite are written 0, 0, 0 (OpenPose's "not detected").
     """
     xy, s = body25_arrays(keypoints, scores)
     people = openpose_people(xy, s, keypoints, scores, threshold=threshold, hands=hands, face=face)
-    return {"version": 1.3, "people": people}
+    if image_size is None:
+        return {"version": 1.3, "people": people}
+    w, h = image_size
+    return {"version": 1.3, "canvas_width": int(w), "canvas_height": int(h), "people": people}
 
 
 # ---------------------------------------------------------------- point clouds

@@ -29,6 +29,10 @@ from ..errors import OptionError
 from ..inputs.intake import DEFAULT_MAX_SIDE, ImageSource, Intake, load_image
 from ..models.zoo import TaskSpec, get_task
 
+#: A photo enlarged more than this many times to fill the network input gets a notice: at 1024x768
+#: an 8x8 photo is enlarged 96 times, 16x16 48 times; 32x24 (32 times) and larger get none.
+FAR_BELOW = 32.0
+
 
 @dataclass
 class RunInfo:
@@ -169,6 +173,19 @@ class Pipeline:
     def network_hw(self) -> tuple[int, int]:
         """The (H, W) the model is fed: ``input_hw`` or the checkpoint's own input size."""
         return tuple(self.input_hw or self.spec.input_size(self.size or ""))
+
+    def small_photo_notices(self, intake: Intake) -> list[str]:
+        """A notice when the photo is far below the network input (enlarged more than
+        :data:`FAR_BELOW` times to fill it): the model then sees a few blurred pixels."""
+        h, w = intake.rgb.shape[:2]
+        nh, nw = self.network_hw
+        factor = min(nh / h, nw / w)
+        if factor <= FAR_BELOW:
+            return []
+        return [
+            f"The image is {w}x{h} px, far below the network's {nw}x{nh} input: it is enlarged about "
+            f"{factor:.0f}x, so the model sees a few blurred pixels and its result says little."
+        ]
 
     def input_size(self, input_hw: Any = None) -> tuple[int, int]:
         """The network input (H, W) of one call: ``input_hw`` when given (checked by

@@ -85,4 +85,4 @@ def start_result(pipe: Pipeline, intake: Intake, raw: DenseRaw) -> tuple[RunInfo
     info = pipe.run_info()
     info.model_s = raw.timing.model_s
     info.forward_started = raw.timing.forward_started
-    return info, [*intake.notices, *raw.notices]
+    return info, [*intake.notices, *pipe.small_photo_notices(intake), *raw.notices]

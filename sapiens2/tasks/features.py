@@ -106,7 +106,7 @@ class FeaturesPipeline(Pipeline):
 
     def finish(self, raw: FeaturesRaw, intake: Intake, **_: Any) -> FeaturesResult:
         emb, patches = raw.embedding.float(), raw.patch_features.float()
-        notices = list(intake.notices)
+        notices = [*intake.notices, *self.small_photo_notices(intake)]
         if not (bool(torch.isfinite(emb).all()) and bool(torch.isfinite(patches).all())):
             notices.append("The backbone returned non-finite values; similarity may be meaningless.")
         return FeaturesResult(

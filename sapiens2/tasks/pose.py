@@ -204,7 +204,7 @@ class PosePipeline(Pipeline):
     def finish(self, raw: PoseRaw, intake: Intake, **_: Any) -> PoseResult:
         """Working-copy pixels -> the photo's pixels, as a :class:`PoseResult` (with the 3D
         keypoints when the pointmap ran)."""
-        notices = notices_once(intake.notices, raw.notices)
+        notices = notices_once(intake.notices, self.small_photo_notices(intake), raw.notices)
         boxes, keypoints = intake.boxes_to_original(raw.boxes), intake.points_to_original(raw.keypoints)
         return PoseResult(
             image=intake.rgb, info=replace(raw.info), notices=notices, downscaled=intake.downscaled,

@@ -120,7 +120,7 @@ class PoseResult(TaskResult):
         formats = {
             "_coco17.json": coco17_json(kp, sc, self.boxes, image_size=wh, box_scores=bs, threshold=thr),
             "_coco_wholebody.json": kf.coco_wholebody_json(kp, sc, box_scores=bs, threshold=thr),
-            "_openpose_body25.json": openpose_body25_json(kp, sc, threshold=thr),
+            "_openpose_body25.json": openpose_body25_json(kp, sc, threshold=thr, image_size=wh),
             "_openpose_coco18.json": openpose_coco18_json(kp, sc, image_size=wh, threshold=thr),
         }
 

@@ -281,11 +281,11 @@ def video_tasks(checkpoints: Mapping[str, Path] = Checkpoints()) -> dict[str, Ta
 
 def get(name: str) -> Task:
     """A task by its name, shown or not: the one look-up, where a request names a task.
-    OptionError lists the names of the tasks shown."""
+    OptionError lists the names it takes (every declared task, as the command line's help does)."""
     tasks = declared()
     if isinstance(name, str) and name in tasks:
         return tasks[name]
-    names = ", ".join(all_tasks())
+    names = ", ".join(tasks)
     raise OptionError(f"Unknown task {name!r}; choose one of: {names}.")
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch
 
-from ..errors import CheckpointError, OptionError, WeightsUnavailableError
+from ..errors import CheckpointError, OptionError, Sapiens2Error, WeightsUnavailableError
 from ..inputs.intake import Intake
 from ..inputs.network import letterbox_release, stretch_release
 from ..models.cost import Work
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 SegSource = SegPipeline | Callable[[], SegPipeline] | None
 
+#: Seconds a failed load of the borrowed model is answered from memory before it is tried again.
+RETRY_AFTER_S = 60.0
+
 
 class LazySeg:
     """The SegPipeline an owner borrows: given, from a factory, or loaded next to the owner.
@@ -37,7 +41,9 @@ class LazySeg:
     A factory is called on every use and its result never kept: the factory's owner (e.g. the
     server's model manager) must stay free to evict or trim that model, and a private copy here
     would keep it alive. Only a pipeline given directly or built here is kept. A failed load
-    (weights missing, bad file) is not remembered, so a later call can succeed.
+    here (weights missing, bad file) is remembered for :data:`RETRY_AFTER_S`: a clip's frames or a
+    folder's photos get the same answer without a Hub request and a log paragraph each, and a
+    later call can still succeed.
     """
 
     def __init__(self, source: SegSource, owner: Pipeline) -> None:
@@ -49,18 +55,30 @@ class LazySeg:
         self._owner = owner
         self._pipe: SegPipeline | None = source if isinstance(source, SegPipeline) else None
         self._lock = threading.Lock()  # concurrent first requests load the model once
+        self._failed: tuple[float, Sapiens2Error] | None = None  # (when, why) of the last failed load
 
     def get(self) -> SegPipeline:
         if self._factory is not None:
-            pipe = self._factory()
+            try:
+                pipe = self._factory()
+            except (WeightsUnavailableError, CheckpointError) as err:
+                log.warning("the borrowed segmentation model is unavailable: %s", err)  # details
+                raise
             if not isinstance(pipe, SegPipeline):
                 raise OptionError(f"The seg factory must return a SegPipeline; got {type(pipe).__name__}.")
             return pipe
         with self._lock:
             if self._pipe is None:
+                if self._failed is not None and time.monotonic() - self._failed[0] < RETRY_AFTER_S:
+                    raise self._failed[1]
                 own = self._owner
                 size = own.size if own.size in get_task(SegPipeline.task).sizes else None
-                self._pipe = SegPipeline(size, device=own.device, dtype=own.dtype)
+                try:
+                    self._pipe = SegPipeline(size, device=own.device, dtype=own.dtype)
+                except (WeightsUnavailableError, CheckpointError) as err:
+                    self._failed = (time.monotonic(), err)
+                    log.warning("the borrowed segmentation model is unavailable: %s", err)  # once
+                    raise
             return self._pipe
 
 
@@ -86,7 +104,6 @@ class SegMaskedPipeline(Pipeline):
         try:
             return self.seg.get()
         except (WeightsUnavailableError, CheckpointError) as err:
-            log.warning("the borrowed segmentation model is unavailable: %s", err)  # the operator's details
             why = (
                 "its checkpoint cannot be used"
                 if isinstance(err, CheckpointError)

@@ -191,22 +191,19 @@ def write_openpose_zip(
     frames: list[PoseFrame],
     *,
     threshold: float,
-    coco18_size: tuple[int, int] | None = None,
+    size: tuple[int, int],
+    coco18: bool = False,
 ) -> Path:
     """``<name>_openpose_body25.zip``: OpenPose's per-frame JSON files (bodies, hands, faces),
-    ``person_id`` = track id. With ``coco18_size`` (width, height): ``<name>_openpose_coco18.zip``,
-    with COCO-18 bodies."""
-    kind = "body25" if coco18_size is None else "coco18"
+    ``person_id`` = track id, the frames' ``size`` (width, height) as each file's canvas. With
+    ``coco18``: ``<name>_openpose_coco18.zip``, with COCO-18 bodies."""
+    kind = "coco18" if coco18 else "body25"
     path = safe_path(out_dir, name, f"_openpose_{kind}.zip")
     stem = safe_path(out_dir, name, "").name
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
         for fr in frames:
-            if coco18_size is None:
-                doc = openpose_body25_json(fr.keypoints, fr.scores, threshold=threshold)
-            else:
-                doc = openpose_coco18_json(
-                    fr.keypoints, fr.scores, image_size=coco18_size, threshold=threshold
-                )
+            write = openpose_coco18_json if coco18 else openpose_body25_json
+            doc = write(fr.keypoints, fr.scores, image_size=size, threshold=threshold)
             for person, tid in zip(doc["people"], fr.track_ids, strict=True):
                 person["person_id"] = [tid]
             z.writestr(f"{stem}_{fr.frame:012d}_keypoints.json", _dumps(doc))

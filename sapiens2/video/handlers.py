@@ -13,6 +13,7 @@ Rendering reuses :mod:`sapiens2.outputs.render` and the results' own ``render``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from .exports import (
 from .people import FramePeople, PoseTracking, TrackingOptions, draw_people
 
 MAX_NOTICES = 8
+#: Numbers in a notice (a per-frame value such as a scale): notices differing only there are alike.
+_NUMBERS = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 Detect = Callable[[np.ndarray], Any]  # rgb -> sapiens2.inputs.detector.Detections (or anything with .boxes)
 DetectMany = Callable[[list[np.ndarray]], list[Any]]  # several frames in one device call
 
@@ -70,12 +73,23 @@ class FrameHandler:
         self.raw = RawArrays(raw_cap)
         self.notices: list[str] = []
         self.dropped_notices = 0
+        # numbers-blind text -> (the first such text, its place in notices or None, others like it)
+        self._alike: dict[str, tuple[str, int | None, int]] = {}
 
     def note(self, text: str) -> None:
-        """Keep a notice once; past MAX_NOTICES distinct ones (e.g. one per frame), only count."""
-        if text in self.notices:
+        """Keep a notice once. One that differs from a kept one in its numbers only (a per-frame
+        value) is counted on the kept one; past MAX_NOTICES distinct ones, only count."""
+        key = _NUMBERS.sub("#", text)
+        if key in self._alike:
+            first, where, more = self._alike[key]
+            if text != first:
+                self._alike[key] = (first, where, more + 1)
+                if where is not None:
+                    self.notices[where] = f"{first} (and on {more + 1} more frame(s), with other values)"
             return
-        if len(self.notices) < MAX_NOTICES:
+        where = len(self.notices) if len(self.notices) < MAX_NOTICES else None
+        self._alike[key] = (text, where, 0)
+        if where is not None:
             self.notices.append(text)
         else:
             self.dropped_notices += 1
@@ -328,8 +342,8 @@ class PoseFrames(FrameHandler):
             write_pose_tracks(out_dir, name, self.frames, size=size, fps=fps, meta=meta),
             write_coco_tracks(out_dir, name, self.frames, size=size, threshold=thr),
             write_wholebody_tracks(out_dir, name, self.frames, threshold=thr),
-            write_openpose_zip(out_dir, name, self.frames, threshold=thr),
-            write_openpose_zip(out_dir, name, self.frames, threshold=thr, coco18_size=size),
+            write_openpose_zip(out_dir, name, self.frames, threshold=thr, size=size),
+            write_openpose_zip(out_dir, name, self.frames, threshold=thr, size=size, coco18=True),
             write_keypoints_csv(out_dir, name, self.frames),
         ]
         video = write_openpose_video(out_dir, name, self.frames, size=size, fps=fps, threshold=thr)

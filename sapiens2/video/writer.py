@@ -15,6 +15,13 @@ written: OpenCV's writer has no audio track, so the output is silent.
 from __future__ import annotations
 
 import math
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -26,6 +33,37 @@ from ..errors import InputImageError, OptionError, VideoEncodeError
 #: (fourcc, file suffix) in order of preference; the first one that opens is used.
 CODECS: tuple[tuple[str, str], ...] = (("VP80", ".webm"), ("VP90", ".webm"))
 VIDEO_SUFFIX = ".webm"
+
+#: What OpenCV's FFmpeg writer prints on every WebM open: WebM's tag table holds no fourcc, so no
+#: fourcc avoids it, and the file is the VP8/VP9 WebM asked for all the same.
+_TAG_NOTE = re.compile(
+    r"^OpenCV: FFMPEG: tag 0x[0-9a-f]+/'.{4}' is not supported with codec id \d+ and format 'webm"
+)
+_FD2 = threading.Lock()  # one open at a time holds the process's stderr
+
+
+@contextmanager
+def _without_tag_note() -> Iterator[None]:
+    """Run the writer's open with file descriptor 2 on a temporary file (OpenCV prints from C, past
+    Python's ``sys.stderr``); every line but :data:`_TAG_NOTE` is passed on to stderr."""
+    with _FD2, tempfile.TemporaryFile() as held:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):  # no stderr to hold: nothing to keep quiet
+            yield
+            return
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            rest = "".join(line for line in lines if not _TAG_NOTE.match(line))
+            if rest:
+                sys.stderr.write(rest)
 
 
 def even_frame(rgb: np.ndarray) -> np.ndarray:
@@ -60,9 +98,10 @@ class VideoWriter:
     def _open(self, size: tuple[int, int]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for fourcc, _ in CODECS:
-            writer = cv2.VideoWriter(
-                str(self.path), cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*fourcc), self.fps, size
-            )
+            with _without_tag_note():
+                writer = cv2.VideoWriter(
+                    str(self.path), cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*fourcc), self.fps, size
+                )
             if writer.isOpened():
                 self._writer, self.codec, self._size = writer, fourcc, size
                 return

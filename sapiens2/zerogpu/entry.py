@@ -14,10 +14,13 @@ Nothing here imports ``spaces`` or ``torch`` when the module is imported.
 
 from __future__ import annotations
 
+import errno
+import gc
 import logging
 import os
 import pickle
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from .. import zerogpu
-from ..errors import Sapiens2Error
+from ..errors import GpuUnavailableError, Sapiens2Error
 from . import internals
 from .quota import GpuSize, gpu_request, gpu_unavailable
 
@@ -125,32 +128,42 @@ class GpuEntry(Generic[R]):
             return self.fn(*args, **kwargs)
         if self.generator:
             return self._stream(args, kwargs)  # type: ignore[return-value]
-        gen = self._enter()
-        outcome: _Outcome | None = None
-        try:
-            outcome = _spaces_call(gen.call, *args, **kwargs)
-        finally:
-            self._leave(gen, outcome.pid if isinstance(outcome, _Outcome) else None)
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.value
+        for attempt in (1, 2):
+            gen = self._enter()
+            outcome: _Outcome | None = None
+            try:
+                outcome = _spaces_call(gen.call, *args, **kwargs)
+            except OSError as err:  # the worker did not start: fn never ran, so once more is safe
+                _start_failed(err, again=attempt == 1)
+                continue
+            finally:
+                self._leave(gen, outcome.pid if isinstance(outcome, _Outcome) else None)
+            if outcome.error is not None:
+                raise outcome.error
+            return outcome.value
+        raise AssertionError("unreachable: the second failed start raised")  # pragma: no cover
 
     def _stream(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Any]:
         """One admission for everything ``fn`` yields; values arrive as the worker yields them."""
-        gen = self._enter()
-        pid: int | None = None
-        try:
-            stream = _spaces_call(gen.call, *args, **kwargs)
-            while True:
-                outcome = _spaces_call(next, stream, None)
-                if outcome is None:
-                    return
-                pid = outcome.pid
-                if outcome.error is not None:
-                    raise outcome.error
-                yield outcome.value
-        finally:
-            self._leave(gen, pid)
+        for attempt in (1, 2):
+            gen = self._enter()
+            pid: int | None = None
+            try:
+                try:
+                    stream = _spaces_call(gen.call, *args, **kwargs)
+                    outcome = _spaces_call(next, stream, None)
+                except OSError as err:  # the worker did not start: fn never ran, once more is safe
+                    _start_failed(err, again=attempt == 1)
+                    continue
+                while outcome is not None:
+                    pid = outcome.pid
+                    if outcome.error is not None:
+                        raise outcome.error
+                    yield outcome.value
+                    outcome = _spaces_call(next, stream, None)
+                return
+            finally:
+                self._leave(gen, pid)
 
     @property
     def generation(self) -> int:
@@ -256,6 +269,28 @@ def _spaces_call(fn: Callable[..., Any], *args: Any) -> Any:
         raise gpu_unavailable(
             str(getattr(err, "title", "") or ""), str(getattr(err, "message", err))
         ) from None
+
+
+#: ``os.fork`` of a worker start failing for memory or processes (the call never reached a GPU)
+_START_ERRNOS = frozenset({errno.ENOMEM, errno.EAGAIN})
+#: Seconds before the one retry of a failed worker start (memory freed by the last call settles)
+START_RETRY_PAUSE_S = 1.0
+
+
+def _start_failed(err: OSError, *, again: bool) -> None:
+    """A GPU call's worker did not start (``err`` from spaces, in this process). Returns after a
+    short pause when the caller may try ``again``; else raises GpuUnavailableError: the GPU is
+    unavailable for now, in one sentence. Any other OSError passes through unchanged."""
+    if err.errno not in _START_ERRNOS:
+        raise err
+    log.warning("the GPU worker could not start (%s)%s", err, "; trying once more" if again else "")
+    if again:
+        gc.collect()
+        time.sleep(START_RETRY_PAUSE_S)
+        return
+    raise GpuUnavailableError(
+        "The GPU is unavailable right now (its worker could not start on this server); try again in a moment."
+    ) from None
 
 
 def _portable(err: Exception) -> Exception:
