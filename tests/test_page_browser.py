@@ -139,24 +139,37 @@ def test_errors_stay_in_the_tab_in_plain_words_and_a_non_image_is_named_on_arriv
 ) -> None:
     """Item 7: a file that is not an image is said to be one as it arrives; a failed run's message
     stays in the tab's run info after the pop-up faded (20 s). Item 9: the visitor reads one plain
-    sentence; the operator's details (settings, paths) are in a fold, on a local launch only."""
+    sentence; the operator's details (settings, paths) are in a fold, on a local launch only.
+    Issue 44 item 1: an example click that fails keeps its reason in the run info as a run does,
+    and the sentence names the Hub repository and both fixes (README: "Errors are messages you
+    can act on")."""
     with sync_api.sync_playwright() as pw:
         browser, page = open_page(pw, app_url)
         try:
+            page.get_by_role("tab", name="Matting", exact=True).click()
+            page.locator("#matting-examples").get_by_role("button").first.click()
+            example = page.locator("#matting-info textarea")
+            expect(example).to_have_value(re.compile("^Matting did not run. Weights unavailable: "), timeout=60_000)
             upload(page, photos["notes"])
             expect(page.locator("#photo-status")).to_contain_text("not an image", timeout=15_000)
             upload(page, photos["small"])
             expect(page.locator("#photo-status")).to_have_text("", timeout=15_000)  # a good file clears it
 
-            info = run_tab(page, "Matting", "Run matting", "matting")
+            # the run info already holds the example's reason: the run's own is told by its toast
+            page.get_by_role("button", name="Run matting", exact=True).click()
             toast = page.get_by_test_id("toast-body").first
-            expect(toast).to_contain_text("weights are not", timeout=10_000)
+            expect(toast).to_contain_text("weights are not", timeout=60_000)
+            info = example.input_value()
             assert "SAPIENS2" not in toast.inner_text() and "HF_HUB" not in toast.inner_text()
             page.wait_for_timeout(20_000)
             expect(page.get_by_test_id("toast-body")).to_have_count(0)  # the pop-up is gone
             kept = page.locator("#matting-info textarea").input_value()
             assert kept == info and kept.startswith("Matting did not run. Weights unavailable: "), kept
-            assert "SAPIENS2" not in kept and "/" not in kept.split(": ", 1)[1]  # no settings, no paths
+            assert example.input_value() == kept  # the example click said the same
+            assert "SAPIENS2" not in kept and "no_weights" not in kept  # no settings, no paths
+            # the Hub repository and both fixes (README: "missing weights name the Hub repository ...")
+            assert "Hub repository facebook/sapiens2-matting-" in kept, kept
+            assert "reach the Hub" in kept and "point the server to the file" in kept, kept
             fold = page.get_by_text("Details for this server's operator")
             expect(fold).to_be_visible()
             fold.click()

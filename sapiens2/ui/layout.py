@@ -64,14 +64,16 @@ def share_model_slots(event: Any) -> None:
 
 def add_examples(
     photo: gr.Image, task: Task, handler: Callable[..., Any], parts: TabParts, examples: list[str]
-) -> None:
-    """The example photos for one tab, run with the tab's default options and cached on first use."""
+) -> Any:
+    """The example photos for one tab, run with the tab's default options and cached on first use.
+    Returns the event that runs one (None without examples): a failed run's reason goes to the
+    tab's run info like a button's (the handler records it for the page session's request)."""
     if not examples:
-        return
+        return None
     defaults = [c.value for c in parts.controls]
 
-    def run_example(photo: Any) -> Any:
-        return handler(photo, *defaults)
+    def run_example(photo: Any, request: gr.Request) -> Any:
+        return handler(photo, *defaults, None, request)
 
     ex = gr.Examples(
         examples=[[p] for p in examples],
@@ -86,6 +88,7 @@ def add_examples(
         elem_id=f"{task.name}-examples",
     )
     share_model_slots(ex.cache_event)
+    return ex.cache_event
 
 
 def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -> None:
@@ -188,7 +191,7 @@ def task_tab(
                 handler = task_endpoint(run, task, manager.cuda)
                 if task.compare is not None:
                     compare_block(run, task, photo, size)
-                add_examples(photo, task, handler, parts, examples)
+                example = add_examples(photo, task, handler, parts, examples)
             with gr.Column(scale=2):
                 fold = render_results(outputs, lambda: operator_fold(operator, task.name))
                 downloads = outputs[1 + len(task.views)]
@@ -202,17 +205,18 @@ def task_tab(
         api_name=task.api_name,
         concurrency_id=MODELS,
     )
-    event.failure(
-        shown_error(task.api_name, operator),
-        None,
-        [outputs[-1], *fold],
-        api_visibility="private",
-        queue=False,
-    )
-    if fold:
-        event.success(
-            lambda: gr.Accordion(visible=False), None, fold[:1], api_visibility="private", queue=False
+    for run_event in (event, example) if example is not None else (event,):
+        run_event.failure(
+            shown_error(task.api_name, operator),
+            None,
+            [outputs[-1], *fold],
+            api_visibility="private",
+            queue=False,
         )
+        if fold:
+            run_event.success(
+                lambda: gr.Accordion(visible=False), None, fold[:1], api_visibility="private", queue=False
+            )
     return parts
 
 
