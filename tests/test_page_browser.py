@@ -149,7 +149,9 @@ def test_errors_stay_in_the_tab_in_plain_words_and_a_non_image_is_named_on_arriv
             page.get_by_role("tab", name="Matting", exact=True).click()
             page.locator("#matting-examples").get_by_role("button").first.click()
             example = page.locator("#matting-info textarea")
-            expect(example).to_have_value(re.compile("^Matting did not run. Weights unavailable: "), timeout=60_000)
+            expect(example).to_have_value(
+                re.compile("^Matting did not run. Weights unavailable: "), timeout=60_000
+            )
             upload(page, photos["notes"])
             expect(page.locator("#photo-status")).to_contain_text("not an image", timeout=15_000)
             upload(page, photos["small"])

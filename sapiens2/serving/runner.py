@@ -199,7 +199,7 @@ class RequestRunner:
         with stages.timed("make"):
             files = on_demand.make(entry, folder)
         size = sum(p.stat().st_size for p in files)
-        return files, f"{task.api_name}: {entry.label} · {size / 1e6:,.1f} MB"
+        return files, f"{task.api_name}: {entry.label}, {size / 1e6:,.1f} MB"
 
     def compare(
         self, task: Task, photo_a: Any, photo_b: Any, size: str | None = None
