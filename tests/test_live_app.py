@@ -277,3 +277,27 @@ def test_a_stream_past_its_limit_does_no_more_work_and_says_stopped() -> None:
     later = viewer.last + live_tab.RESTART_AFTER_S + 1  # the camera was off: a new stream
     assert not viewer.over(later) and viewer.started == later
     assert viewer.stop() == f"Stopped. {viewer.readout}"
+
+
+def test_live_and_the_video_plan_estimate_a_custom_model_from_one_figure(tiny_checkpoints) -> None:
+    """Issue 44 item 5: Live said "No estimate for this model" where the Video tab estimated the
+    same custom model. Both now take the figure of the models the server runs
+    (serving.frame_cost.served_frame_macs): none before the custom file is loaded, in the same
+    words; its own weights' once loaded."""
+    from types import SimpleNamespace
+
+    from sapiens2 import serving
+    from sapiens2.models.cost import CPU_MACS_PER_S
+    from sapiens2.serving.frame_cost import served_frame_macs
+
+    manager = serving.ModelManager(device="cpu", checkpoints={"seg": tiny_checkpoints["seg"]})
+    seg = manager.tasks()["seg"]
+    run = SimpleNamespace(manager=manager)
+    before = live_tab.expectation(run, "seg", None, "release")  # type: ignore[arg-type]
+    assert manager.sizes(seg) == ("custom",) and manager.default_size(seg) == "custom"  # item 6
+    assert "No time estimate yet (a custom checkpoint whose size is known once loaded" in before, before
+    manager.get(seg, None)
+    macs, why = served_frame_macs(manager, seg, "custom", seg.defaults())
+    assert macs and not why
+    after = live_tab.expectation(run, "seg", None, "release")  # type: ignore[arg-type]
+    assert f"expect about **{macs / CPU_MACS_PER_S:.2g} s a frame**" in after, after

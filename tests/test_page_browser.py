@@ -161,6 +161,13 @@ def test_errors_stay_in_the_tab_in_plain_words_and_a_non_image_is_named_on_arriv
             page.get_by_role("button", name="Run matting", exact=True).click()
             toast = page.get_by_test_id("toast-body").first
             expect(toast).to_contain_text("weights are not", timeout=60_000)
+            # issue 44 item 10: the pop-up leaves "Run all tasks" uncovered
+            run_all = page.get_by_role("button", name="Run all tasks", exact=True).bounding_box()
+            pop = page.get_by_test_id("toast-body").first.bounding_box()
+            assert pop["y"] >= run_all["y"] + run_all["height"] or pop["y"] + pop["height"] <= run_all["y"], (
+                pop,
+                run_all,
+            )
             info = example.input_value()
             assert "SAPIENS2" not in toast.inner_text() and "HF_HUB" not in toast.inner_text()
             page.wait_for_timeout(20_000)
@@ -189,6 +196,23 @@ def test_controls_agree_with_each_other(app_url: str) -> None:
     with sync_api.sync_playwright() as pw:
         browser, page = open_page(pw, app_url)
         try:
+            # issue 44 item 6: under --checkpoint the size menus offer what runs (these tiny
+            # checkpoints are of no published size), and so does the endpoint's size parameter
+            sizes = page.get_by_label("Model size").filter(visible=True)
+            expect(sizes).to_have_value("custom")
+            sizes.click()
+            options = page.get_by_role("option").filter(visible=True)
+            expect(options).to_have_count(1)
+            assert options.first.inner_text().strip() == "custom"
+            page.keyboard.press("Escape")
+            api = page.request.get(f"{app_url.rstrip('/')}/gradio_api/info").json()
+            [param] = [
+                p for p in api["named_endpoints"]["/pose"]["parameters"] if p["parameter_name"] == "size"
+            ]
+            assert param["python_type"]["type"] == "Literal['custom']", param
+            assert "own pose checkpoint" in param["python_type"]["description"] + str(
+                param.get("description")
+            ), param
             page.get_by_role("tab", name="Normals", exact=True).click()
             switch = page.get_by_label("Remove background (runs body parts too)")
             photo_bg = page.get_by_role("radio", name="photo").filter(visible=True)
@@ -268,6 +292,12 @@ def test_the_legend_is_text_and_run_all_tasks_says_what_runs(app_url: str, photo
             expect(formats.locator("a[download='small_coco_wholebody.json']")).to_have_count(
                 1, timeout=10_000
             )
+            # issue 44 item 5: the Features summary's total is its own task's, as its run info says
+            features = run_tab_info(page, "Features", "features")
+            shown = float(re.search(r"done in ([0-9.]+) s", features).group(1))
+            summary = page.get_by_text(re.compile(r"· total [0-9.]+ s")).filter(visible=True).first
+            summed = float(re.search(r"· total ([0-9.]+) s", summary.inner_text()).group(1))
+            assert summed <= shown + 0.01, (summed, features)
             matting = run_tab_info(page, "Matting", "matting")
             assert matting.startswith("Matting did not run."), matting
         finally:

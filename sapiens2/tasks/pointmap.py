@@ -190,7 +190,7 @@ class PointmapPipeline(SegMaskedPipeline):
         scale_used = scale if np.isfinite(scale) and scale > 0 else 1.0
         if scale_used != scale:
             notices.append(
-                f"The model's scale output ({scale}) is unusable; the pointmap is in canonical units "
+                f"The model's scale output ({scale:.3g}) is unusable; the pointmap is in canonical units "
                 "(scale 1) and the focal length is not known."
             )
         pm = torch.from_numpy(raw.pointmap)

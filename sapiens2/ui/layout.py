@@ -83,7 +83,7 @@ def add_examples(
         cache_examples=True,
         cache_mode="lazy",
         examples_per_page=8,
-        label=f"Examples: click one to run {task.tab.lower()} on it",
+        label=f"Examples: click a photo to run {task.tab} on it",
         api_visibility="private",  # Gradio 6: api_name=False became public endpoints named "/false"
         elem_id=f"{task.name}-examples",
     )
@@ -101,7 +101,13 @@ def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -
     button = gr.Button("Compare the two photos")
     # hidden until a comparison ran: Gradio's number box shows an empty value as 0, read as a score
     score = gr.Number(None, label=task.compare.label, precision=4, interactive=False, visible=False)
-    info = gr.Textbox(label="Comparison run info", interactive=False, max_lines=3)
+    info = gr.Textbox(  # room for the whole run info: what ran, its seconds, the model's details
+        label="Comparison run info",
+        interactive=False,
+        lines=3,
+        max_lines=8,
+        elem_id=f"{task.name}-compare-info",
+    )
     event = button.click(
         compare_endpoint(run, task),
         inputs=[photo, other, size],
@@ -135,7 +141,7 @@ def on_demand_block(run: Runner, task: Task, entry: OnDemand, downloads: gr.File
         label=f"{entry.label}: run info",
         interactive=False,
         lines=2,
-        max_lines=3,
+        max_lines=6,
         elem_id=f"{entry.api_name}-info",
     )
 

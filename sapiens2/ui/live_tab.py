@@ -40,6 +40,7 @@ import gradio as gr
 from gradio.context import LocalContext
 
 from ..errors import Sapiens2Error
+from ..serving.frame_cost import served_frame_macs
 from ..serving.live import (
     INPUTS,
     RESTART_AFTER_S,
@@ -253,13 +254,13 @@ def expectation(run: Runner, task: str, size: str | None, network_input: str, fl
     head = f"**{decl.tab} {label}**, input {setup.input_note}, on {where}."
     if run.manager.cuda:
         return f"{head} The readout shows the frames/s and latency measured on it."
-    seconds = cpu_seconds_per_frame(decl, label, setup.hw, setup.infer_opts)
+    # the Video tab's figure for the same model (one source): a loaded custom checkpoint has one
+    seconds = cpu_seconds_per_frame(decl, setup.size, setup.hw, setup.infer_opts, run.manager)
     if seconds is None:
-        return (
-            f"{head} No estimate for this model (not a published size): the readout shows the measured rate."
-        )
+        _, why = served_frame_macs(run.manager, decl, setup.size, setup.infer_opts, setup.hw)
+        return f"{head} No time estimate yet ({why}); the readout shows the measured rate."
     return (
-        f"{head} A CPU is slow for live video: expect about **{seconds:.0f} s a frame** (from the "
+        f"{head} A CPU is slow for live video: expect about **{seconds:.2g} s a frame** (from the "
         "model's size at a rate measured on a 2-core machine; more cores are faster). The smallest "
         "input is the fastest; the readout shows the measured rate."
     )
