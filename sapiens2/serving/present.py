@@ -107,16 +107,20 @@ def run_info(
 
 
 def clip_info(
-    what: str, timing: Mapping[str, float], notices: Sequence[str], parts: Mapping[str, str]
+    what: str,
+    timing: Mapping[str, float],
+    notices: Sequence[str],
+    parts: Mapping[str, str],
+    rest: str = "the rest",
 ) -> str:
-    """A clip's run info in the photo tabs' words (:func:`~sapiens2.serving.present.run_info`):
-    what ran and how long, with every notice; then the seconds of its ``parts`` (``timing`` key
-    -> the words for it; what they leave of ``total_s`` is the last, "the rest")."""
+    """A clip's run info in the photo tabs' words (:func:`run_info`): what ran and how long, with
+    every notice; then the seconds of its ``parts`` (``timing`` key -> the words for it), and
+    what they leave of ``total_s`` as ``rest``."""
     total = float(timing.get("total_s", 0.0))
     stages = Stages()
     for key, words in parts.items():
         stages.add(words, float(timing.get(key, 0.0)))
-    stages.add("the rest", max(0.0, total - stages.total()))
+    stages.add(rest, max(0.0, total - stages.total()))
     return run_info(what, stages, notices, total=total)
 
 
