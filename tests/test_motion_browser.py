@@ -115,7 +115,9 @@ def test_the_video_tab_motion_button_fills_its_viewer(tiny_checkpoints, tmp_path
                 sync_api.expect(plan).to_have_value(re.compile(r"^96x64 at 10 fps"), timeout=60_000)
                 page.locator("#video-motion-button").click()
                 info = page.locator("#video-info textarea")
-                sync_api.expect(info).to_have_value(re.compile(r"^3D motion \(custom models on the CPU\), 3 frames"), timeout=600_000)
+                sync_api.expect(info).to_have_value(
+                    re.compile(r"^3D motion \(custom models on the CPU\), 3 frames"), timeout=600_000
+                )
                 # issue 44 item 4: the pose pass's downloads stay beside the motion files
                 listed = page.locator("#video-files a[download]")
                 sync_api.expect(listed.first).to_be_attached(timeout=30_000)

@@ -91,7 +91,9 @@ def test_dense_task_and_the_plan_before_it(server: Server, uploaded: dict[str, A
     assert "Body parts" in data[0] and "3 frames on the CPU" in data[0]
     event, data, text = server.call("video", video_args(uploaded, "seg"))
     assert event == "complete", text[:300]
-    assert data[3]["frames"] == 3 and data[4].startswith("Body parts (custom model on the CPU), 3 frames at 5 fps: done in ")
+    assert data[3]["frames"] == 3 and data[4].startswith(
+        "Body parts (custom model on the CPU), 3 frames at 5 fps: done in "
+    )
     assert [f["path"].endswith("_seg_frames.npz") for f in data[2]] == [False, True]
     event, data, _ = server.call("video_plan", [uploaded, "seg", None, 2, None])
     assert "measured on this server" in data[0]  # the estimate now comes from the run just made
