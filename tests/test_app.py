@@ -7,6 +7,7 @@ Weights are the tiny random checkpoints, given through the documented injection 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -193,6 +194,11 @@ def test_the_full_resolution_mesh_is_made_on_request(client: Client, served) -> 
         and " MB" in info
         and "make " in info
     )
+    # issue 44 item 10: in words, not stage names ("Seconds: find 0.00 · make 0.19")
+    assert re.search(
+        r"MB: made in [0-9.]+ s \([0-9.]+ s to find the earlier result, [0-9.]+ s to make the files\)\.$",
+        info,
+    ), info
     glb, mesh_ply, cloud_ply = made
     cloud = trimesh.load(cloud_ply, process=False)
     [mesh] = trimesh.load(glb, process=False).geometry.values()

@@ -116,8 +116,11 @@ def test_app_offers_only_the_checkpoint_size(pose_04b: Path) -> None:
 def test_app_custom_checkpoint_takes_every_size(tiny_checkpoints) -> None:
     manager = serving.ModelManager(device="cpu", checkpoints={"seg": tiny_checkpoints["seg"]})
     assert manager.checkpoint_size(T("seg")) is None
-    assert manager.sizes(T("seg")) == sapiens2.get_task("seg").sizes
-    assert {manager.key(T("seg"), s) for s in ("0.4b", "1b", None)} == {("seg", CUSTOM)}
+    # issue 44 item 6: the menus offer what runs ("custom"), not sizes that all run the same file;
+    # an API caller's published size is still taken (it only checks the file) and resolves to it
+    assert manager.sizes(T("seg")) == (CUSTOM,) and manager.default_size(T("seg")) == CUSTOM
+    assert {manager.resolve_size(T("seg"), s) for s in ("0.4b", "1b", None, CUSTOM)} == {CUSTOM}
+    assert {manager.key(T("seg"), s) for s in ("0.4b", "1b", None, CUSTOM)} == {("seg", CUSTOM)}
     pipe = manager.get(T("seg"), "1b")
     assert pipe.run_info().line().startswith("seg custom")
     with pytest.raises(OptionError, match="Size 'huge' does not exist for seg"):

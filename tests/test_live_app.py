@@ -246,3 +246,58 @@ def test_the_app_gives_gradio_the_post_counter_beside_the_arrival_stamp() -> Non
     kwargs = app.app_kwargs()
     assert [m.cls for m in kwargs["middleware"]] == [arrival.StampArrival, live_tab.StreamPosts]
     assert "lifespan" in kwargs  # one app_kwargs: the MCP lifespan is still there
+
+
+def test_a_stream_past_its_limit_does_no_more_work_and_says_stopped() -> None:
+    """Issue 44 item 3: the page may open a new streaming event as soon as Gradio's time limit
+    ends one (a stream ran to 82 s), so the limit is the viewer's: past LIVE_SECONDS of frames
+    without a pause, a frame does no model work and the readout says stopped and why; after a
+    pause (the camera was off) a new stream starts. The readout's stop message keeps the figures."""
+    from types import SimpleNamespace
+
+    viewer = live_tab.Viewer(session=None)  # type: ignore[arg-type]  (no model work may happen)
+    t = 1000.0
+    for k in range(0, live_tab.LIVE_SECONDS + 1, 2):  # a frame every 2 s: no pause
+        assert not viewer.over(t + k)
+    assert viewer.over(t + live_tab.LIVE_SECONDS + 2)
+    viewer.readout = "Normals custom · 3.0 frames/s · 90 frames, 12 dropped"
+    assert viewer.stop() == f"{live_tab.over_limit()} {viewer.readout}"
+    assert "at most 60 s" in live_tab.over_limit()
+
+    stub = SimpleNamespace(manager=SimpleNamespace(video_tasks=lambda: {}), requests=None)
+    handler = live_tab.live_frame(stub)  # type: ignore[arg-type]
+    now = time.perf_counter()
+    viewer.started, viewer.last = now - live_tab.LIVE_SECONDS - 1, now
+    image, readout, kept = handler(
+        np.zeros((8, 8, 3), np.uint8), "normal", None, "release", False, None, None, viewer
+    )
+    assert readout.startswith("Stopped: a stream runs at most 60 s.") and readout.endswith("12 dropped")
+    assert kept is viewer and image == gr.skip()
+
+    later = viewer.last + live_tab.RESTART_AFTER_S + 1  # the camera was off: a new stream
+    assert not viewer.over(later) and viewer.started == later
+    assert viewer.stop() == f"Stopped. {viewer.readout}"
+
+
+def test_live_and_the_video_plan_estimate_a_custom_model_from_one_figure(tiny_checkpoints) -> None:
+    """Issue 44 item 5: Live said "No estimate for this model" where the Video tab estimated the
+    same custom model. Both now take the figure of the models the server runs
+    (serving.frame_cost.served_frame_macs): none before the custom file is loaded, in the same
+    words; its own weights' once loaded."""
+    from types import SimpleNamespace
+
+    from sapiens2 import serving
+    from sapiens2.models.cost import CPU_MACS_PER_S
+    from sapiens2.serving.frame_cost import served_frame_macs
+
+    manager = serving.ModelManager(device="cpu", checkpoints={"seg": tiny_checkpoints["seg"]})
+    seg = manager.tasks()["seg"]
+    run = SimpleNamespace(manager=manager)
+    before = live_tab.expectation(run, "seg", None, "release")  # type: ignore[arg-type]
+    assert manager.sizes(seg) == ("custom",) and manager.default_size(seg) == "custom"  # item 6
+    assert "No time estimate yet (a custom checkpoint whose size is known once loaded" in before, before
+    manager.get(seg, None)
+    macs, why = served_frame_macs(manager, seg, "custom", seg.defaults())
+    assert macs and not why
+    after = live_tab.expectation(run, "seg", None, "release")  # type: ignore[arg-type]
+    assert f"expect about **{macs / CPU_MACS_PER_S:.2g} s a frame**" in after, after

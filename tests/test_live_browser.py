@@ -95,5 +95,8 @@ def test_the_live_tab_streams_the_camera_and_renders_frames_back(app_url: str, c
     stopped = frames_in(readout.input_value())
     page.wait_for_timeout(2500)
     assert frames_in(readout.input_value()) == stopped, "frames kept coming after the camera stopped"
+    # issue 44 item 3: the readout says the stream stopped (its figures kept), and what dropped means
+    assert readout.input_value().startswith("Stopped. Normals custom"), readout.input_value()
+    sync_api.expect(page.locator("#live-tab")).to_contain_text("dropped: frames the camera sent while")
     page.close()
     assert not page_errors, f"uncaught page errors: {page_errors}"

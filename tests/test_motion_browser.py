@@ -115,7 +115,13 @@ def test_the_video_tab_motion_button_fills_its_viewer(tiny_checkpoints, tmp_path
                 sync_api.expect(plan).to_have_value(re.compile(r"^96x64 at 10 fps"), timeout=60_000)
                 page.locator("#video-motion-button").click()
                 info = page.locator("#video-info textarea")
-                sync_api.expect(info).to_have_value(re.compile(r"^motion · 3 frames"), timeout=600_000)
+                sync_api.expect(info).to_have_value(
+                    re.compile(r"^3D motion \(custom models on the CPU\), 3 frames"), timeout=600_000
+                )
+                # issue 44 item 4: the pose pass's downloads stay beside the motion files
+                listed = page.locator("#video-files a[download]")
+                sync_api.expect(listed.first).to_be_attached(timeout=30_000)
+                names = {a.get_attribute("download") for a in listed.all()}
                 canvas = page.locator("#video-motion canvas")
                 canvas.wait_for(state="visible", timeout=60_000)
                 time.sleep(5)
@@ -126,3 +132,6 @@ def test_the_video_tab_motion_button_fills_its_viewer(tiny_checkpoints, tmp_path
     finally:
         demo.close()
     assert loaded
+    for kept in ("walk_motion.glb", "walk_keypoints3d.npz", "walk_pose_tracks.json", "walk_coco17.json",
+                 "walk_keypoints.csv", "walk_pose_frames.npz", "walk_pose.webm"):  # fmt: skip
+        assert kept in names, sorted(names)

@@ -92,7 +92,11 @@ def test_motion_endpoint_through_gradio_client(server, tmp_path: Path) -> None:
     assert names[:4] == [
         f"two_boxes_{s}" for s in ("motion.glb", "keypoints3d.npz", "keypoints3d.csv", "motion.bvh")
     ]
-    assert summary["task"] == "motion" and summary["frames"] == 3 and line.startswith("motion · 3 frames")
+    assert (
+        summary["task"] == "motion"
+        and summary["frames"] == 3
+        and line.startswith("3D motion (custom models on the CPU), 3 frames, ")
+    )
     assert summary["depth_alignment"]["frames"] == 3
     doc, binary = read_glb(Path(glb))
     check_structure(doc, binary)

@@ -79,7 +79,9 @@ def test_pose_clip_end_to_end_through_gradio_client(server: Server, clip_file: P
     tracks = json.loads(next(Path(p) for p in files if p.endswith("_pose_tracks.json")).read_text())
     assert len(tracks["frames"]) == 3
     assert all("track_id" in person for f in tracks["frames"] for person in f["people"])
-    assert line.startswith("pose ") and "3 frames at 5 fps" in line
+    # issue 44 item 5: the photo tabs' one line for people (what ran, how long, every notice)
+    assert line.startswith("Pose (custom model on the CPU), 3 frames at 5 fps: done in "), line
+    assert "Note: No person detector" in line and "\nSeconds: reading frames " in line, line
 
 
 def test_dense_task_and_the_plan_before_it(server: Server, uploaded: dict[str, Any]) -> None:
@@ -89,7 +91,9 @@ def test_dense_task_and_the_plan_before_it(server: Server, uploaded: dict[str, A
     assert "Body parts" in data[0] and "3 frames on the CPU" in data[0]
     event, data, text = server.call("video", video_args(uploaded, "seg"))
     assert event == "complete", text[:300]
-    assert data[3]["frames"] == 3 and data[4].startswith("seg ")
+    assert data[3]["frames"] == 3 and data[4].startswith(
+        "Body parts (custom model on the CPU), 3 frames at 5 fps: done in "
+    )
     assert [f["path"].endswith("_seg_frames.npz") for f in data[2]] == [False, True]
     event, data, _ = server.call("video_plan", [uploaded, "seg", None, 2, None])
     assert "measured on this server" in data[0]  # the estimate now comes from the run just made

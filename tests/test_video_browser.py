@@ -138,7 +138,7 @@ def test_the_video_tab_plays_its_result_inside_the_app(
                 sync_api.expect(plan).to_have_value(re.compile(r"^96x64 at 10 fps"), timeout=60_000)
                 page.get_by_role("button", name="Run on the clip", exact=True).click()
                 info = page.locator("#video-info textarea")
-                sync_api.expect(info).to_have_value(re.compile(r"^pose "), timeout=240_000)
+                sync_api.expect(info).to_have_value(re.compile(r"^Pose \("), timeout=240_000)
                 states = {
                     key: page.evaluate(
                         _PLAY.replace(

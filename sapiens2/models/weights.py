@@ -128,15 +128,26 @@ def find_weights(
             f"connection set {HUB_TIMEOUT_ENV}=30), download {tried[0]} from https://huggingface.co/{repo_id} "
             f"yourself and set {ENV_VAR}=/your/root so that /your/root/{local_path} exists, or pass the "
             "file as the checkpoint. Set HF_HUB_OFFLINE=1 to use only files already downloaded.",
-            plain="This model's weights are not on this server and cannot be downloaded now, so it "
-            "cannot run. Other tabs may still work.",
+            plain=missing_plain(repo_id),
         )
     reason = reasons[0] if reasons else "unknown error"  # the first name's, as the message names it
     raise WeightsUnavailableError(
         f"Weights for {repo_id} are not available here{root_note}: could not get {tried[0]} from the "
         f"Hugging Face Hub ({reason}). Fix it either way: go online so huggingface_hub can download it "
         f"(https://huggingface.co/{repo_id}; accept the licence there if asked), or download the file "
-        f"yourself and set {ENV_VAR}=/your/root so that /your/root/{local_path} exists."
+        f"yourself and set {ENV_VAR}=/your/root so that /your/root/{local_path} exists.",
+        plain=missing_plain(repo_id),
+    )
+
+
+def missing_plain(repo_id: str) -> str:
+    """A visitor's sentence for weights that are neither here nor downloadable: the Hub repository
+    and both fixes, in words without the server's paths or settings (the operator's message has them)."""
+    return (
+        f"This model's weights are not on this server and could not be downloaded from the Hugging Face "
+        f"Hub repository {repo_id}, so it cannot run. Either fix is the server operator's: let the server "
+        "reach the Hub to download them, or download them there and point the server to the file. "
+        "Other tabs may still work."
     )
 
 

@@ -137,18 +137,23 @@ class ModelManager:
         return self._file_sizes[name]
 
     def sizes(self, task: Task) -> tuple[str, ...]:
-        own = self.checkpoint_size(task)
-        return (own,) if own else task.spec.sizes
+        """The sizes a menu offers: the zoo's, or the one the task's checkpoint runs (its published
+        size, or :data:`CUSTOM` for a file of none: every size would run the same file)."""
+        return (self.default_size(task),) if task.name in self.checkpoints else task.spec.sizes
 
     def default_size(self, task: Task) -> str:
-        own = self.checkpoint_size(task)
-        if own:
-            return own
+        if task.name in self.checkpoints:
+            return self.checkpoint_size(task) or CUSTOM
         spec = task.spec
         return str(self.size) if self.size in spec.sizes else spec.default_size(self.cuda)
 
     def resolve_size(self, task: Task, size: str | None) -> str:
-        """``size`` checked against the zoo (None -> the default); OptionError names the sizes."""
+        """The size that will run: ``size`` checked against the zoo (None -> the default);
+        OptionError names the sizes. With a checkpoint a size only checks the file (the same
+        rule as ``load_model``) and the answer is what runs: its size, or :data:`CUSTOM`."""
+        if task.name in self.checkpoints:
+            self._check_checkpoint_size(task, size)
+            return self.default_size(task)
         if size in (None, ""):
             return self.default_size(task)
         task.spec.check_size(str(size))
@@ -161,8 +166,9 @@ class ModelManager:
         return (task.name, self.resolve_size(task, size))
 
     def _check_checkpoint_size(self, task: Task, size: str | None) -> None:
-        """The same rule as ``load_model(size, checkpoint=...)``: a size only checks the file."""
-        if size in (None, ""):
+        """The same rule as ``load_model(size, checkpoint=...)``: a size only checks the file
+        (:data:`CUSTOM`, what the menus offer, names the file itself)."""
+        if size in (None, "", CUSTOM):
             return
         task.spec.check_size(str(size))  # a size that exists nowhere is refused too
         from ..models.loading import checkpoint_size_conflict

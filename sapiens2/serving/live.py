@@ -55,9 +55,9 @@ from ..video.depth import DepthScale, foreground_depth, render_depth_frame
 from ..video.people import FramePeople, PoseTracking, TrackingOptions, draw_people
 from .cache import ModelManager
 from .device import Batch, Detect, Device, OneTask, local_device
+from .frame_cost import frame_macs, served_frame_macs
 from .present import Stages
 from .runner import model_sizes
-from .video import frame_macs
 
 #: The model size a live view starts with where the task offers it (else the task's default).
 LIVE_SIZE = "0.4b"
@@ -452,17 +452,24 @@ def frame_seconds(manager: ModelManager, task: Task, size: str, infer_opts: dict
 
 
 def cpu_seconds_per_frame(
-    task: Task, size: str, hw: tuple[int, int] | None, infer_opts: Mapping[str, Any] | None = None
+    task: Task,
+    size: str,
+    hw: tuple[int, int] | None,
+    infer_opts: Mapping[str, Any] | None = None,
+    manager: ModelManager | None = None,
 ) -> float | None:
     """What a frame costs on this project's 2-core CPU: the frame's multiply-accumulates
     (:func:`sapiens2.serving.video.frame_macs`: the task's own forwards, twice with pose's flip
     test, and the ones it borrows, at the network input ``hw``) at
     :data:`~sapiens2.models.cost.CPU_MACS_PER_S`; None for a size of no published backbone.
     ``infer_opts``: the task's inference options (default: its CPU defaults). Pose counts one
-    person."""
-    if size not in ARCHS:
-        return None
-    macs = frame_macs(task, size, task.defaults() if infer_opts is None else infer_opts, hw)
+    person. ``manager``: the server's models instead (:func:`~sapiens2.serving.frame_cost.served_frame_macs`,
+    the Video tab's figure: a loaded custom checkpoint counts its own weights)."""
+    opts = task.defaults() if infer_opts is None else infer_opts
+    if manager is not None:
+        macs, _ = served_frame_macs(manager, task, size, opts, hw)
+    else:
+        macs = frame_macs(task, size, opts, hw) if size in ARCHS else None
     return None if macs is None else macs / cost.CPU_MACS_PER_S
 
 

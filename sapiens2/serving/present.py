@@ -81,8 +81,13 @@ class Presented:
 
 def what_ran(tab: str, info: Any) -> str:
     """``Pose (0.4b model on the CPU)``: a task's tab label and its result's ``RunInfo``."""
-    where = "CPU" if str(info.device).startswith("cpu") else "GPU"
-    return f"{tab} ({info.size or 'custom'} model on the {where})"
+    return running(tab, info.size or "custom", info.device)
+
+
+def running(tab: str, size: str, device: Any, models: str = "model") -> str:
+    """``Pose (0.4b model on the CPU)``: what runs, in the words of every run info's first line."""
+    where = "CPU" if str(device).startswith("cpu") else "GPU"
+    return f"{tab} ({size} {models} on the {where})"
 
 
 def run_info(
@@ -99,6 +104,28 @@ def run_info(
     total = stages.total() if total is None else total
     first = " ".join([f"{what}: done in {total:.2f} s.", *(f"Note: {n}" for n in notices)])
     return "\n".join([first, f"Seconds: {stages.breakdown()}", *([details] if details else [])])
+
+
+def clip_info(
+    what: str,
+    timing: Mapping[str, float],
+    notices: Sequence[str],
+    parts: Mapping[str, str],
+    rest: str = "the rest",
+) -> str:
+    """A clip's run info in the photo tabs' words (:func:`run_info`): what ran and how long, with
+    every notice; then the seconds of its ``parts`` (``timing`` key -> the words for it), and
+    what they leave of ``total_s`` as ``rest``."""
+    total = float(timing.get("total_s", 0.0))
+    stages = Stages()
+    for key, words in parts.items():
+        stages.add(words, float(timing.get(key, 0.0)))
+    stages.add(rest, max(0.0, total - stages.total()))
+    return run_info(what, stages, notices, total=total)
+
+
+#: A clip run's parts in its run info (the rest: people, finishing, drawing and encoding).
+CLIP_PARTS = {"decode_s": "reading frames", "infer_s": "models"}
 
 
 def accepted(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -199,7 +199,7 @@ class RequestRunner:
         with stages.timed("make"):
             files = on_demand.make(entry, folder)
         size = sum(p.stat().st_size for p in files)
-        return files, f"{task.api_name}: {entry.label} · {size / 1e6:,.1f} MB"
+        return files, f"{task.api_name}: {entry.label}, {size / 1e6:,.1f} MB"
 
     def compare(
         self, task: Task, photo_a: Any, photo_b: Any, size: str | None = None
@@ -278,7 +278,7 @@ class RequestRunner:
             ready[names[0]][0].stages.starting("device")  # the tasks' forwards run in this order
             for i, raws in self.device(unit):
                 ready[names[i]][0].stages.add("device", time.perf_counter() - arrived)  # since the last
-                out[names[i]] = self._present(ready[names[i]], raws, t0)
+                out[names[i]] = self._present(ready[names[i]], raws)
                 if i + 1 < len(names):
                     ready[names[i + 1]][0].stages.starting("device")
                 arrived = time.perf_counter()
@@ -311,14 +311,16 @@ class RequestRunner:
             fits[task] = value
         return fits
 
-    def _present(self, ready: tuple[Job, Any, list[Any]], raws: Any, t0: float) -> Presented | Sapiens2Error:
+    def _present(self, ready: tuple[Job, Any, list[Any]], raws: Any) -> Presented | Sapiens2Error:
         if isinstance(raws, Sapiens2Error):
             return raws
         job, pipe, _ = ready
         try:
             with job.stages.timed("finish"):
                 [result] = finish_batch(pipe, raws, job.intakes, job.infer_opts)
-            result.info.total_s = time.perf_counter() - t0
+            # this task's own seconds, as its run info counts them: not the time since the shared
+            # call began, which holds the tasks presented before it too
+            result.info.total_s = job.stages.total()
             return self.present(result, job)
         except Sapiens2Error as err:
             return err

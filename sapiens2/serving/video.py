@@ -23,19 +23,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import GpuUnavailableError, InputVideoError, OptionError, Sapiens2Error
-from ..inputs.network import PATCH
+from ..errors import GpuUnavailableError, InputVideoError, OptionError
 from ..models import cost
-from ..models.zoo import ARCHS
 from ..tasks.registry import Task, Video
 from ..video.handlers import TrackingOptions, handler_class
 from ..video.reader import VideoLimits
 from ..video.runner import ClipRun, VideoPlan, VideoResult, clip_run, plan_video
 from ..zerogpu.quota import cost_notice, gpu_request
-from .cache import CUSTOM, ModelManager
+from .cache import ModelManager
 from .clip_call import ClipCall
 from .device import Device, local_device
 from .folders import RequestFolders
+from .frame_cost import forward_macs, frame_macs, served_frame_macs
 from .runner import model_sizes
 
 #: Frames per forward inside the clip's call.
@@ -114,35 +113,6 @@ def _video(task: Task) -> Video:
 def video_render_options(task: Task, render_opts: Mapping[str, Any]) -> dict[str, Any]:
     """A task's rendering options as its video handler takes them (``Task.video.handler``)."""
     return handler_class(task).render_kwargs(task, render_opts)
-
-
-def frame_macs(
-    task: Task,
-    size: str,
-    infer_opts: Mapping[str, Any],
-    hw: tuple[int, int] | None = None,
-    forward: Callable[[Task, str, tuple[int, int] | None], float | None] | None = None,
-) -> float | None:
-    """Multiply-accumulates of one frame's forwards of ``task`` at ``size`` with ``infer_opts``:
-    its own (``Task.work``: twice with pose's flip test) and the ones it borrows, each
-    ``forward(task, size, hw)`` (default :func:`forward_macs`) at the network input ``hw`` (None:
-    each model's own). None when a forward has no figure."""
-    forward = forward or forward_macs
-    models = [task] * task.work(infer_opts).forwards + list(task.needs(infer_opts))
-    macs = [forward(t, size, hw) for t in models]
-    return None if None in macs else sum(m for m in macs if m is not None)
-
-
-def forward_macs(task: Task, size: str, hw: tuple[int, int] | None = None) -> float | None:
-    """Parameters x tokens of one forward of ``task``'s published backbone at ``size`` (the
-    task's CPU default where ``size`` is not one of its sizes) at the network input ``hw`` (None:
-    the checkpoint's own input size); None for no published backbone."""
-    own = size if size in task.spec.sizes else None
-    arch = ARCHS.get(own or "") or ARCHS.get(task.spec.default_size(False))
-    if arch is None:
-        return None
-    h, w = hw or task.spec.input_size(arch.size)
-    return arch.params_b * 1e9 * (h // PATCH) * (w // PATCH)
 
 
 class VideoRequests:
@@ -267,36 +237,14 @@ class VideoRequests:
             measured = self._measured.get((job.task.name, job.size))
         if measured is not None:
             return frames * measured, "measured on this server's last clip of this task and size"
-        if self.manager.key(job.task, job.size)[1] == CUSTOM and not self._loaded(job):
-            return None, "a custom checkpoint whose size is known once loaded: run once for a measured rate"
-        macs = self.frame_macs(job)
+        macs, why = served_frame_macs(self.manager, job.task, job.size, job.infer_opts)
         if macs is None:
-            return None, "a model of no published size: run once for a measured rate"
+            return None, why
         per_frame = cost.cpu_frame_seconds(macs)
         basis = "from the model's size at a CPU rate measured on a 2-core machine, plus each frame's decode, render and encode; expect +-50%"
         if _video(job.task).detect:
             basis += "; one person per frame assumed, each more person adds as much again"
         return frames * per_frame, basis
-
-    def _loaded(self, job: VideoJob) -> bool:
-        return self.manager.key(job.task, job.size) in self.manager.loaded()
-
-    def frame_macs(self, job: VideoJob) -> float | None:
-        """Multiply-accumulates of one frame's forwards (:func:`frame_macs`), of the loaded
-        models where there are (None when a model is neither loaded nor of a published size)."""
-        return frame_macs(job.task, job.size, job.infer_opts, forward=self._forward_macs)
-
-    def _forward_macs(self, task: Task, size: str, hw: tuple[int, int] | None = None) -> float | None:
-        """Parameters x tokens of one forward: of the loaded model when there is one, else
-        :func:`forward_macs` of the published backbone."""
-        size_arg = size if size in task.spec.sizes else None
-        try:
-            pipe = self.manager.get(task, size_arg, load=False)
-            params = float(sum(p.numel() for p in pipe.model.parameters()))
-            h, w = hw or pipe.network_hw
-        except (Sapiens2Error, AttributeError):  # not loaded yet, or a pipeline without a model
-            return forward_macs(task, size, hw)
-        return params * (h // PATCH) * (w // PATCH)
 
     def _remember(self, job: VideoJob, result: VideoResult) -> None:
         if result.frames and not self.manager.cuda:

@@ -224,7 +224,9 @@ class Runner:
         stages = Stages()
         with reported(self.manager):
             files, head = self.requests.make(task, entry, ref, stages)
-        return [str(p) for p in files], run_info(head, stages)
+        found, made = stages.seconds.get("find", 0.0), stages.seconds.get("make", 0.0)
+        said = f"{head}: made in {found + made:.2f} s ({found:.2f} s to find the earlier result, {made:.2f} s to make the files)."
+        return [str(p) for p in files], said
 
     def compare(self, task: Task, photo_a: Any, photo_b: Any, size: str | None) -> tuple[float, str]:
         with reported(self.manager):
@@ -335,8 +337,12 @@ def _docstring(summary: str, args: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def _size_doc(task: Task) -> str:
-    return f"model size: {', '.join(task.spec.sizes)}."
+def _size_doc(manager: ModelManager, task: Task) -> str:
+    """The size parameter's API doc: the sizes this server runs (one, for a task it runs from its
+    own checkpoint: every other choice would run the same file)."""
+    if task.name in manager.checkpoints:
+        return f"model size: {manager.default_size(task)} (this server runs its own {task.name} checkpoint)."
+    return f"model size: {', '.join(manager.sizes(task))}."
 
 
 def _endpoint(
@@ -377,7 +383,7 @@ def task_endpoint(run: Runner, task: Task, gpu: bool) -> Callable[..., Any]:
 
     doc = _docstring(
         task.summary,
-        [("photo", photo_doc()), ("size", _size_doc(task))]
+        [("photo", photo_doc()), ("size", _size_doc(run.manager, task))]
         + [(o.name, o.describe(gpu)) for o in task.options],
     )
     return _endpoint(endpoint, task.api_name, ["photo", "size", *names], doc)
@@ -414,7 +420,7 @@ def compare_endpoint(run: Runner, task: Task) -> Callable[..., Any]:
         [
             ("photo", photo_doc("the first photo")),
             ("other_photo", photo_doc("the second photo, to compare with the first")),
-            ("size", _size_doc(task)),
+            ("size", _size_doc(run.manager, task)),
         ],
     )
     return _endpoint(endpoint, api_name, ["photo", "other_photo", "size"], doc, required=2)
@@ -462,7 +468,9 @@ def all_endpoint(run: Runner, tasks: Mapping[str, Task], gpu: bool) -> Callable[
 
     docs = [("photo", photo_doc())]
     for task, name, opt in params:
-        docs.append((name, f"{task.tab}: {_size_doc(task) if opt is None else opt.describe(gpu)}"))
+        docs.append(
+            (name, f"{task.tab}: {_size_doc(run.manager, task) if opt is None else opt.describe(gpu)}")
+        )
     summary = (
         "All tasks on one photo; options as in each task's endpoint (None: the default). A task that "
         "cannot run (e.g. its weights are missing) is skipped and named in the status."

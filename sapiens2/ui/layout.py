@@ -64,14 +64,16 @@ def share_model_slots(event: Any) -> None:
 
 def add_examples(
     photo: gr.Image, task: Task, handler: Callable[..., Any], parts: TabParts, examples: list[str]
-) -> None:
-    """The example photos for one tab, run with the tab's default options and cached on first use."""
+) -> Any:
+    """The example photos for one tab, run with the tab's default options and cached on first use.
+    Returns the event that runs one (None without examples): a failed run's reason goes to the
+    tab's run info like a button's (the handler records it for the page session's request)."""
     if not examples:
-        return
+        return None
     defaults = [c.value for c in parts.controls]
 
-    def run_example(photo: Any) -> Any:
-        return handler(photo, *defaults)
+    def run_example(photo: Any, request: gr.Request) -> Any:
+        return handler(photo, *defaults, None, request)
 
     ex = gr.Examples(
         examples=[[p] for p in examples],
@@ -81,11 +83,12 @@ def add_examples(
         cache_examples=True,
         cache_mode="lazy",
         examples_per_page=8,
-        label=f"Examples: click one to run {task.tab.lower()} on it",
+        label=f"Examples: click a photo to run {task.tab} on it",
         api_visibility="private",  # Gradio 6: api_name=False became public endpoints named "/false"
         elem_id=f"{task.name}-examples",
     )
     share_model_slots(ex.cache_event)
+    return ex.cache_event
 
 
 def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -> None:
@@ -98,7 +101,13 @@ def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -
     button = gr.Button("Compare the two photos")
     # hidden until a comparison ran: Gradio's number box shows an empty value as 0, read as a score
     score = gr.Number(None, label=task.compare.label, precision=4, interactive=False, visible=False)
-    info = gr.Textbox(label="Comparison run info", interactive=False, max_lines=3)
+    info = gr.Textbox(  # room for the whole run info: what ran, its seconds, the model's details
+        label="Comparison run info",
+        interactive=False,
+        lines=3,
+        max_lines=8,
+        elem_id=f"{task.name}-compare-info",
+    )
     event = button.click(
         compare_endpoint(run, task),
         inputs=[photo, other, size],
@@ -132,7 +141,7 @@ def on_demand_block(run: Runner, task: Task, entry: OnDemand, downloads: gr.File
         label=f"{entry.label}: run info",
         interactive=False,
         lines=2,
-        max_lines=3,
+        max_lines=6,
         elem_id=f"{entry.api_name}-info",
     )
 
@@ -188,7 +197,7 @@ def task_tab(
                 handler = task_endpoint(run, task, manager.cuda)
                 if task.compare is not None:
                     compare_block(run, task, photo, size)
-                add_examples(photo, task, handler, parts, examples)
+                example = add_examples(photo, task, handler, parts, examples)
             with gr.Column(scale=2):
                 fold = render_results(outputs, lambda: operator_fold(operator, task.name))
                 downloads = outputs[1 + len(task.views)]
@@ -202,17 +211,18 @@ def task_tab(
         api_name=task.api_name,
         concurrency_id=MODELS,
     )
-    event.failure(
-        shown_error(task.api_name, operator),
-        None,
-        [outputs[-1], *fold],
-        api_visibility="private",
-        queue=False,
-    )
-    if fold:
-        event.success(
-            lambda: gr.Accordion(visible=False), None, fold[:1], api_visibility="private", queue=False
+    for run_event in (event, example) if example is not None else (event,):
+        run_event.failure(
+            shown_error(task.api_name, operator),
+            None,
+            [outputs[-1], *fold],
+            api_visibility="private",
+            queue=False,
         )
+        if fold:
+            run_event.success(
+                lambda: gr.Accordion(visible=False), None, fold[:1], api_visibility="private", queue=False
+            )
     return parts
 
 

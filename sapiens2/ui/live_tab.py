@@ -40,8 +40,10 @@ import gradio as gr
 from gradio.context import LocalContext
 
 from ..errors import Sapiens2Error
+from ..serving.frame_cost import served_frame_macs
 from ..serving.live import (
     INPUTS,
+    RESTART_AFTER_S,
     LiveOptions,
     LiveSession,
     cpu_seconds_per_frame,
@@ -59,6 +61,11 @@ from .widgets import checked_by_package, size_dropdown
 STREAM_EVERY = 0.05
 #: Seconds one stream may run; press the camera's button again to go on.
 LIVE_SECONDS = 60
+#: Under the readout: what its figures mean.
+READOUT_INFO = (
+    "dropped: frames the camera sent while the previous one was still in the model. They are "
+    "skipped, never queued, so the picture shows the newest frame and never falls behind."
+)
 #: Streams that run at once on this server (one GPU serves one viewer at full speed).
 LIVE_STREAMS = 1
 #: What the camera asks the browser for: 640x480 is plenty for the network's input.
@@ -132,6 +139,25 @@ class Viewer:
         self.event: str | None = None
         self.taken = 0  # frames taken from posts (the join's frame is not a post)
         self.counted = 0  # drops reported so far
+        self.started: float | None = None  # the stream's first frame (perf_counter)
+        self.last: float | None = None  # the latest frame's arrival
+        self.readout = ""  # the latest frame's readout
+
+    def over(self, now: float) -> bool:
+        """Whether this stream ran past :data:`LIVE_SECONDS`. A stream starts at the first frame
+        after a Stop or after a pause of ``RESTART_AFTER_S`` (the camera was off): the page may
+        open a new streaming event at once when Gradio's ``time_limit`` ends one, so the event
+        alone does not say that a visitor started again."""
+        if self.started is None or self.last is None or now - self.last > RESTART_AFTER_S:
+            self.started = now
+        self.last = now
+        return now - self.started > LIVE_SECONDS
+
+    def stop(self) -> str:
+        """The readout once the page's stream ended (Stop, or Gradio's time limit): "Stopped" and
+        why, then the last figures. A stream past the limit stays stopped until the camera pauses."""
+        said = over_limit() if self.last is not None and self.over(self.last) else "Stopped."
+        return f"{said} {self.readout}" if self.readout else said
 
     def dropped(self, event: str | None) -> tuple[int, float]:
         """Change in the frames dropped since the previous frame, and when this one arrived.
@@ -150,6 +176,11 @@ class Viewer:
         total = max(0, posts - self.taken)
         change, self.counted = total - self.counted, total
         return change, at if at is not None else now
+
+
+def over_limit() -> str:
+    """The readout once a stream ran past :data:`LIVE_SECONDS` (the page may still be sending)."""
+    return f"Stopped: a stream runs at most {LIVE_SECONDS} s. Press Stop, then Record to start again."
 
 
 def camera_input() -> gr.Image:
@@ -192,6 +223,8 @@ def live_frame(run: Runner) -> Callable[..., tuple[Any, str, Viewer]]:
         if frame is None:
             return gr.skip(), "Waiting for the camera.", viewer
         dropped, arrived = viewer.dropped(LocalContext.event_id.get(None))
+        if viewer.over(time.perf_counter()):  # no model work past the limit, whatever the page sends
+            return gr.skip(), f"{over_limit()} {viewer.readout}", viewer
         with reported(manager):
             options = LiveOptions(
                 tasks[_task_name(task, tasks)], size or None, network_input, False if flip_test is None else flip_test,
@@ -201,6 +234,7 @@ def live_frame(run: Runner) -> Callable[..., tuple[Any, str, Viewer]]:
         readout = out.readout
         if not StreamPosts.installed:
             readout += " (dropped frames are not counted: the app runs without its post counter)"
+        viewer.readout = readout
         return out.image, readout, viewer
 
     return live
@@ -220,13 +254,13 @@ def expectation(run: Runner, task: str, size: str | None, network_input: str, fl
     head = f"**{decl.tab} {label}**, input {setup.input_note}, on {where}."
     if run.manager.cuda:
         return f"{head} The readout shows the frames/s and latency measured on it."
-    seconds = cpu_seconds_per_frame(decl, label, setup.hw, setup.infer_opts)
+    # the Video tab's figure for the same model (one source): a loaded custom checkpoint has one
+    seconds = cpu_seconds_per_frame(decl, setup.size, setup.hw, setup.infer_opts, run.manager)
     if seconds is None:
-        return (
-            f"{head} No estimate for this model (not a published size): the readout shows the measured rate."
-        )
+        _, why = served_frame_macs(run.manager, decl, setup.size, setup.infer_opts, setup.hw)
+        return f"{head} No time estimate yet ({why}); the readout shows the measured rate."
     return (
-        f"{head} A CPU is slow for live video: expect about **{seconds:.0f} s a frame** (from the "
+        f"{head} A CPU is slow for live video: expect about **{seconds:.2g} s a frame** (from the "
         "model's size at a rate measured on a 2-core machine; more cores are faster). The smallest "
         "input is the fastest; the readout shows the measured rate."
     )
@@ -260,7 +294,9 @@ def live_tab(run: Runner) -> None:
                 result = gr.Image(
                     label="Live result", elem_id="live-result", format="jpeg", interactive=False
                 )
-                readout = gr.Textbox(label="Readout", elem_id="live-readout", interactive=False, max_lines=2)
+                readout = gr.Textbox(
+                    label="Readout", info=READOUT_INFO, elem_id="live-readout", interactive=False, max_lines=2
+                )
         viewer = gr.State(None)
 
     def sizes(task_value: str) -> Any:
@@ -275,7 +311,7 @@ def live_tab(run: Runner) -> None:
         outputs=expect,
         api_visibility="private",
     )
-    camera.stream(
+    stream = camera.stream(
         live_frame(run),
         inputs=[camera, task, size, network_input, flip, color, picture, viewer],
         outputs=[result, readout, viewer],
@@ -287,6 +323,14 @@ def live_tab(run: Runner) -> None:
         api_name="live",
         api_visibility="private",  # a browser's stream, not an API call (raw REST reaches it all the same)
     )
+    # the stream ended (Stop, or Gradio's time limit): say so, with the last figures
+    stream.then(stopped, inputs=viewer, outputs=[readout, viewer], api_visibility="private", queue=False)
+
+
+def stopped(viewer: Any) -> tuple[Any, Any]:
+    if not isinstance(viewer, Viewer):
+        return gr.skip(), gr.skip()
+    return viewer.stop(), viewer
 
 
 __all__ = ["LIVE_SECONDS", "STREAM_EVERY", "StreamPosts", "live_tab", "middleware"]

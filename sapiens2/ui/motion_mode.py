@@ -10,6 +10,7 @@ from typing import Any
 import gradio as gr
 
 from ..serving.motion import MotionRequests
+from ..serving.present import clip_info, running
 from ..video.handlers import TrackingOptions
 from .handlers import BOARD, reported, shown_error, warn
 from .inputs import refuse
@@ -33,7 +34,8 @@ def motion_endpoint(ends: Any) -> Callable[..., list[Any]]:
         """3D motion of every tracked person of a short clip: pose and the pointmap (with body
         parts for the people's mask) over the same frames; keypoints in metres, gaps of up to 5
         frames bridged, smoothed in 3D. Returns the frames read and the pose drawing as WebM, the
-        downloads (an animated skeleton per person as GLB, the 3D keypoints as NPZ and CSV, a BVH),
+        downloads (an animated skeleton per person as GLB, the 3D keypoints as NPZ and CSV, a BVH,
+        then the pose pass's files: tracks, COCO and OpenPose keypoints, CSV, NPZ, videos),
         a summary, a run line and the motion GLB for the 3D viewer.
 
         Args:
@@ -67,13 +69,20 @@ def motion_endpoint(ends: Any) -> Callable[..., list[Any]]:
                 tracking=tracking, progress=report,
             )  # fmt: skip
         warn(result.notices)
-        total = result.timing["total_s"]
-        line = f"motion · {result.frames} frames, {result.people} people at {result.fps:.3g} fps · total {total:.1f} s"
+        sizes = " and ".join(dict.fromkeys(str(s) for s in result.details.get("sizes", {}).values()))
+        what = running("3D motion", sizes or "default", ends.manager.device, "models")
+        people = f"{result.people} {'person' if result.people == 1 else 'people'}"
+        line = clip_info(
+            f"{what}, {result.frames} frames, {people} at {result.fps:.3g} fps", result.timing, result.notices,
+            {"motion_s": "3D motion and its files"}, rest="pose and pointmap",  # the passes share one call
+        )  # fmt: skip
         source = result.pose.source_video
+        # the pose pass's downloads (tracks, COCO, OpenPose, CSV, NPZ, videos) stay beside the motion's
+        files = dict.fromkeys(str(p) for p in [*result.files, *result.pose.files])
         return [
             None if source is None else str(source),
             str(result.pose.video),
-            [str(p) for p in result.files],
+            list(files),
             result.summary(),
             line,
             str(result.glb),

@@ -12,6 +12,7 @@ import gradio as gr
 
 from ..errors import OptionError
 from ..inputs.limits import MAX_FILE_BYTES
+from ..serving.present import CLIP_PARTS, clip_info, running
 from ..serving.video import VideoRequests
 from ..tasks.registry import Task
 from ..video.handlers import TrackingOptions
@@ -135,9 +136,12 @@ class VideoEndpoints:
             )  # fmt: skip
             result = self.requests.run(job, report)
         warn(result.notices)
-        line = (
-            f"{result.task} {self.size_label(job)} · {result.frames} frames at {result.fps:.3g} fps · "
-            f"total {result.timing['total_s']:.1f} s ({result.frames / result.timing['total_s']:.2f} frames/s)"
+        what = running(job.task.tab, self.size_label(job), self.manager.device)
+        line = clip_info(
+            f"{what}, {result.frames} frames at {result.fps:.3g} fps",
+            result.timing,
+            result.notices,
+            CLIP_PARTS,
         )
         return [
             str(result.source_video),
@@ -237,6 +241,7 @@ def video_tab(run: Runner, concurrency_id: str, limits: VideoLimits = APP_VIDEO_
                     file_count="multiple",
                     interactive=False,
                     elem_classes=[OUTPUT_FILES],
+                    elem_id="video-files",
                 )
                 summary = gr.JSON(label="Summary", height=240)
                 add_motion_mode(  # /motion: pose + pointmap -> 3D motion (sapiens2.ui.motion_mode)

@@ -18,8 +18,10 @@ VIEW_HEIGHT = 520
 OUTPUT_FILES = "sapiens2-output-files"
 #: The page's own CSS (``launch(css=...)``): Gradio 6.31's file list shows a remove button on
 #: every row of a list of two or more files, even in an output; the app's lists are outputs.
+#: Pop-ups open at the bottom: at Gradio's top right they covered "Run all tasks" for seconds.
 PAGE_CSS = f"""
 .{OUTPUT_FILES} button[aria-label="Remove this file"] {{ display: none; }}
+.toast-wrap {{ top: auto !important; bottom: var(--size-4); }}
 """
 
 
