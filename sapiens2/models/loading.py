@@ -2,7 +2,8 @@
 
 Resolution order (see ``sapiens2.models.weights.find_weights``): an explicit ``checkpoint`` (file or
 folder) -> ``$SAPIENS2_CHECKPOINTS/<task>/sapiens2_<size>_<task>.safetensors`` -> the Hugging Face
-Hub cache (the release file name, then ``model.safetensors``). Only safetensors are read.
+Hub cache (the release file name, then ``model.safetensors``). Only safetensors are read, and
+exported ``.onnx`` files (run by ONNX Runtime: ``sapiens2.models.onnx_runtime``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..runtime.devices import default_device
 from ..zerogpu.entry import cuda_emulation
 from .nn.backbone import fuse_qkv_in_state
 from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
+from .onnx_runtime import is_onnx
 from .weights import ENV_VAR, _pick_in_folder, find_weights, local_root, read_header
 from .zoo import get_task
 
@@ -68,6 +70,10 @@ def load_model(
     pointmap scale branch stay float32 (``nn.heads``). ``rope_dtype``: None = the release's
     bfloat16 RoPE, ``torch.float32`` = transformers'.
     """
+    if is_onnx(checkpoint):  # an exported network: ONNX Runtime behind the same model interface
+        from .onnx_runtime import load_onnx
+
+        return load_onnx(task, checkpoint, size=size, device=device, dtype=dtype)
     spec = get_task(task)
     if size is not None:
         spec.check_size(size)
@@ -97,6 +103,10 @@ def load_model(
 def describe_checkpoint(path: str | os.PathLike) -> dict[str, object]:
     """What a checkpoint holds (task, zoo size or None, widths, depths, heads, KV layout, registers,
     head widths), read from the safetensors header only."""
+    if is_onnx(path):
+        from .onnx_runtime import describe_onnx
+
+        return describe_onnx(path)
     path = Path(path)
     if path.is_dir():
         path = _pick_in_folder(path, ())
