@@ -29,7 +29,7 @@ from sapiens2.models import hub_cache
 from sapiens2.models.checkpoints import CHECKPOINTS_ENV, Checkpoints
 from sapiens2.runtime import heap
 from sapiens2.tasks import registry
-from sapiens2.ui import arrival, live_tab, mcp_files
+from sapiens2.ui import arrival, browser_compare, live_tab, mcp_files
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input, say_on_arrival
 from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
@@ -183,11 +183,13 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
 
 def app_kwargs() -> dict[str, Any]:
     """The FastAPI arguments of the served app: the middlewares (the run info's arrival stamp,
-    sapiens2/ui/arrival.py; the Live tab's count of frames posted, sapiens2/ui/live_tab.py) and
+    sapiens2/ui/arrival.py; the Live tab's count of frames posted, sapiens2/ui/live_tab.py; the
+    files of "Compute in my browser", sapiens2/ui/browser_compare.py) and
     the lifespan (the MCP tools' file texts, sapiens2/ui/mcp_files.py). A fresh dict each time:
     Gradio adds to it."""
     kwargs = arrival.app_kwargs()
     kwargs["middleware"].append(live_tab.middleware())
+    kwargs["middleware"].append(browser_compare.middleware())  # "Compute in my browser"'s files
     kwargs["lifespan"] = mcp_files.lifespan
     return kwargs
 
