@@ -39,6 +39,7 @@ pytest.importorskip("onnx", reason="onnx is not installed (the export needs it)"
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 from sapiens2.inputs.intake import load_image  # noqa: E402
+from sapiens2.models import onnx_cache  # noqa: E402
 from sapiens2.models.checkpoints import Checkpoints  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
 from sapiens2.tasks.features import FeaturesPipeline, cosine_similarity  # noqa: E402
@@ -81,7 +82,7 @@ def served(tiny_checkpoints, ort_dist, tmp_path_factory) -> Iterator[dict[str, A
     mp.setenv("SAPIENS2_CHECKPOINTS", str(tmp / "no_weights"))
     mp.setenv("GRADIO_EXAMPLES_CACHE", str(tmp / "examples"))
     mp.setenv(browser_compare.ORT_WEB_ENV, str(ort_dist))
-    mp.setenv(browser_compare.CACHE_ENV, str(tmp / "onnx_cache"))
+    mp.setenv(onnx_cache.CACHE_ENV, str(tmp / "onnx_cache"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -106,11 +107,14 @@ def photos(tmp_path_factory) -> dict[str, Path]:
     return {p.stem: p for p in folder.iterdir()}
 
 
-def open_features(pw: Any, url: str) -> tuple[Any, Any, Any]:
-    """A browser, its context and a page on the Features tab with the fold open."""
-    browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=BROWSER_ARGS)
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    return browser, context, features_page(context, url)
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=BROWSER_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
 
 
 def features_page(context: Any, url: str) -> Any:
@@ -128,7 +132,7 @@ def block(page: Any, role: str) -> Any:
 
 def compute(page: Any, files: list[Path], dtype: str = "fp32") -> str:
     """Choose the photos, press the button; the status once it ended (done or error)."""
-    for role, path in zip(("photo-a", "photo-b"), files):
+    for role, path in zip(("photo-a", "photo-b"), files, strict=False):
         block(page, role).set_input_files(str(path))
     block(page, "dtype").select_option(dtype)
     block(page, "run").click()
@@ -152,7 +156,7 @@ PIXELS_JS = """async ([hw]) => {
 
 
 def test_the_browser_computes_the_servers_embeddings_and_similarity_without_uploading(
-    served: dict[str, Any], photos: dict[str, Path], tiny_checkpoints: dict[str, Path]
+    served: dict[str, Any], browser: Any, photos: dict[str, Path], tiny_checkpoints: dict[str, Path]
 ) -> None:
     """fp32 on WebAssembly: each photo's network input equals the package's byte for byte, its
     CLS embedding the server pipeline's (cosine >= 0.999), the similarity the server's; nothing
@@ -160,55 +164,57 @@ def test_the_browser_computes_the_servers_embeddings_and_similarity_without_uplo
     pipe = FeaturesPipeline(checkpoint=tiny_checkpoints["features"], device="cpu")
     files = [photos["portrait"], photos["strip"]]
     server = [pipe(str(p)) for p in files]
-    with sync_api.sync_playwright() as pw:
-        browser, context, page = open_features(pw, served["url"])
-        try:
-            posts: list[str] = []
-            page.on("request", lambda r: posts.append(r.url) if r.method != "GET" else None)
-            status = compute(page, files)
-            assert "Done in this browser (wasm" in status and "Nothing was uploaded" in status, status
-            assert posts == [], posts  # no upload, no queue call: the photos stayed in the page
-            result = json.loads(page.locator(".sapiens2-browser").locator("..").get_attribute("data-result"))
-            assert result["backend"] == "wasm" and result["dtype"] == "fp32"
-            for mine, theirs in zip(result["embeddings"], server):
-                assert cosine_similarity(np.array(mine), theirs) >= 0.999
-                np.testing.assert_allclose(mine, theirs.embedding, rtol=1e-3, atol=1e-4)
-            assert abs(result["similarity"] - cosine_similarity(*server)) < 1e-4
-            assert block(page, "score").inner_text().startswith("Similarity (computed in this browser): ")
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = features_page(context, served["url"])
+        posts: list[str] = []
+        page.on("request", lambda r: posts.append(r.url) if r.method != "GET" else None)
+        status = compute(page, files)
+        assert "Done in this browser (wasm" in status and "Nothing was uploaded" in status, status
+        assert posts == [], posts  # no upload, no queue call: the photos stayed in the page
+        result = json.loads(page.locator(".sapiens2-browser").locator("..").get_attribute("data-result"))
+        assert result["backend"] == "wasm" and result["dtype"] == "fp32"
+        for mine, theirs in zip(result["embeddings"], server, strict=True):
+            assert cosine_similarity(np.array(mine), theirs) >= 0.999
+            np.testing.assert_allclose(mine, theirs.embedding, rtol=1e-3, atol=1e-4)
+        assert abs(result["similarity"] - cosine_similarity(*server)) < 1e-4
+        assert block(page, "score").inner_text().startswith("Similarity (computed in this browser): ")
 
-            hw = pipe.network_hw
-            for encoded, path in zip(page.evaluate(PIXELS_JS, [list(hw)]), files):
-                mine = np.frombuffer(base64.b64decode(encoded), np.uint8).reshape(*hw, 3)
-                theirs = pipe.prepare(load_image(str(path))).pixels
-                assert np.array_equal(mine, theirs), (path.name, int(np.abs(mine.astype(int) - theirs).max()))
+        hw = pipe.network_hw
+        for encoded, path in zip(page.evaluate(PIXELS_JS, [list(hw)]), files, strict=True):
+            mine = np.frombuffer(base64.b64decode(encoded), np.uint8).reshape(*hw, 3)
+            theirs = pipe.prepare(load_image(str(path))).pixels
+            assert np.array_equal(mine, theirs), (path.name, int(np.abs(mine.astype(int) - theirs).max()))
 
-            exported = sorted(served["cache"].glob("features-*-fp32-*.onnx"))
-            assert len(exported) == 1  # made once, on the first request
-            fetched: list[str] = []
-            again = features_page(context, served["url"])  # a later visit in the same browser
-            again.on("request", lambda r: fetched.append(r.url) if r.url.endswith(".onnx") else None)
-            assert "model kept in this browser" in compute(again, files)
-            assert fetched == []
-        finally:
-            browser.close()
+        exported = sorted(served["cache"].glob("features-*-fp32-*/model.onnx"))
+        assert len(exported) == 1  # made once, on the first request
+        fetched: list[str] = []
+        again = features_page(context, served["url"])  # a later visit in the same browser
+        again.on("request", lambda r: fetched.append(r.url) if r.url.endswith(".onnx") else None)
+        assert "model kept in this browser" in compute(again, files[:1])
+        assert fetched == []
+    finally:
+        context.close()
 
 
-def test_without_onnxruntime_web_or_weights_the_page_says_so_at_once(served: dict[str, Any]) -> None:
+def test_without_onnxruntime_web_or_weights_the_page_says_so_at_once(
+    served: dict[str, Any], browser: Any
+) -> None:
     """onnxruntime-web that cannot load (blocked) is a message, not a hang; so is a server with no
     weights for the model (its manifest answers 503 with the reason)."""
-    with sync_api.sync_playwright() as pw:
-        browser, context, page = open_features(pw, served["url"])
-        try:
-            page.route("**/sapiens2-browser/ort/**", lambda route: route.abort())
-            with Image.new("RGB", (64, 64), "red") as im:
-                path = served["cache"].parent / "red.png"
-                im.save(path)
-            status = compute(page, [path])
-            assert "onnxruntime-web could not be loaded" in status, status
-            assert block(page, "status").get_attribute("data-kind") == "error"
-            assert not block(page, "run").is_disabled()
-        finally:
-            browser.close()
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = features_page(context, served["url"])
+        page.route("**/sapiens2-browser/ort/**", lambda route: route.abort())
+        with Image.new("RGB", (64, 64), "red") as im:
+            path = served["cache"].parent / "red.png"
+            im.save(path)
+        status = compute(page, [path])
+        assert "onnxruntime-web could not be loaded" in status, status
+        assert block(page, "status").get_attribute("data-kind") == "error"
+        assert not block(page, "run").is_disabled()
+    finally:
+        context.close()
 
     no_weights = browser_compare.publish(registry.get("features"), Checkpoints({}), None)
     status, body = get(served["port"], f"{browser_compare.PREFIX}{no_weights.token}/int8.json")

@@ -2,7 +2,8 @@
 two CLS embeddings) gets a block where the visitor's browser runs the task's ONNX file with
 onnxruntime-web (WebGPU, else WebAssembly): no upload, no GPU quota (docs/ONNX_BROWSER.md).
 
-The server exports the file on its first request and keeps it on disk; the page keeps it in the
+The server exports the file on its first request into the package's ONNX cache
+(``models.onnx_cache``, shared with ``--runtime onnxruntime``); the page keeps it in the
 browser's Cache Storage. Both are served by :class:`BrowserFiles`, an ASGI middleware the app
 installs at launch (``app.app_kwargs``), under :data:`PREFIX`:
 
@@ -40,8 +41,6 @@ ORT_WEB_VERSION = "1.30.0"
 ORT_WEB_CDN = f"https://cdn.jsdelivr.net/npm/onnxruntime-web@{ORT_WEB_VERSION}/dist/"
 #: An http(s) URL of onnxruntime-web's ``dist/`` folder, or a local folder holding it (served here).
 ORT_WEB_ENV = "SAPIENS2_ORT_WEB"
-#: Where the server keeps the files it exported for browsers (default: beside the Hub cache).
-CACHE_ENV = "SAPIENS2_BROWSER_ONNX_CACHE"
 #: The paths the middleware answers.
 PREFIX = "/sapiens2-browser/"
 #: The model files a browser may ask for: int8 (a quarter of the bytes) and fp32 (exact).
@@ -53,17 +52,6 @@ _TYPES = {".mjs": "text/javascript", ".wasm": "application/wasm", ".onnx": "appl
 _SCRIPT = Path(__file__).with_name("static") / "browser_compare.js"
 
 
-def cache_dir() -> Path:
-    """The server's folder of exported browser files: $SAPIENS2_BROWSER_ONNX_CACHE, else
-    ``sapiens2-browser-onnx`` in the Hugging Face home."""
-    own = os.environ.get(CACHE_ENV)
-    if own:
-        return Path(own).expanduser()
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HOME) / "sapiens2-browser-onnx"
-
-
 @dataclass
 class BrowserModel:
     """A task's network as a browser gets it: exported from the server's own weights for the task
@@ -73,7 +61,7 @@ class BrowserModel:
     size: str  # the zoo size, or the checkpoint's (``custom`` when unknown)
     checkpoint: Path | None
     token: str = ""
-    files: dict[str, Path] = field(default_factory=dict)  # dtype -> the exported file
+    files: dict[str, tuple[str, Path]] = field(default_factory=dict)  # dtype -> (served name, file)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -81,65 +69,47 @@ class BrowserModel:
         source = f"{self.task.name}|{self.size}|{self.checkpoint or 'hub'}"
         self.token = f"{self.task.name}-{hashlib.sha256(source.encode()).hexdigest()[:12]}"
 
-    def key(self, dtype: str) -> str:
-        """What the exported file depends on: weights, size, dtype and the package's version."""
-        from .. import __version__
+    def file(self, dtype: str) -> tuple[str, Path]:
+        """(served name, path) of the file for ``dtype``: the server's own ``.onnx`` checkpoint as
+        it is, else an export from the package's ONNX cache (``models.onnx_cache``: keyed by the
+        weights, size, dtype and package version; its folder's name is the served name), exported
+        now when it has none. One export at a time; a concurrent request waits for it."""
+        from ..models.onnx_cache import cached_onnx
 
-        weights = "hub"
-        if self.checkpoint is not None:
-            stat = self.checkpoint.stat() if self.checkpoint.exists() else None
-            weights = (
-                f"{self.checkpoint.resolve()}|{stat.st_size if stat else 0}|{stat.st_mtime_ns if stat else 0}"
-            )
-        text = f"{self.task.name}|{self.size}|{weights}|{dtype}|{__version__}"
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def family(self, dtype: str) -> str:
-        return f"{self.task.name}-{self.size}-{dtype}-"
-
-    def file(self, dtype: str) -> Path:
-        """The exported file for ``dtype``: from the disk cache, else exported now (one export
-        at a time; a concurrent request waits for it)."""
         with self.lock:
             known = self.files.get(dtype)
-            if known is not None and known.is_file():
+            if known is not None and known[1].is_file():
                 return known
-            folder = cache_dir()
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"{self.family(dtype)}{self.key(dtype)}.onnx"
-            if not path.is_file():
-                self._export(path, dtype)
-            self.files[dtype] = path
-            return path
-
-    def _export(self, path: Path, dtype: str) -> None:
-        from ..models.onnx_export import export_onnx
-
-        partial = path.with_name(f"{path.stem}.partial-{os.getpid()}.onnx")
-        log.info("exporting %s %s %s for browsers to %s", self.task.name, self.size, dtype, path)
-        try:
-            size = None if self.checkpoint is not None else self.size
-            export_onnx(self.task.name, partial, size=size, checkpoint=self.checkpoint, int8=dtype == "int8")
-            if partial.with_name(partial.name + ".data").exists():  # external data: not one file
+            if self.checkpoint is not None and self.checkpoint.suffix.lower() == ".onnx":
+                stat = self.checkpoint.stat()
+                ident = f"{self.checkpoint.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+                path = self.checkpoint
+                name = f"{self.task.name}-{self.size}-onnx-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+            else:
+                size = None if self.checkpoint is not None else self.size
+                runtime = "onnxruntime-int8" if dtype == "int8" else "onnxruntime"
+                path = cached_onnx(self.task.name, size, self.checkpoint, runtime=runtime)
+                name = path.parent.name
+            if any(p != path for p in path.parent.iterdir() if p.name.startswith(path.name)):
                 raise RuntimeError(f"The {self.size} {self.task.name} model is too large for a browser.")
-            os.replace(partial, path)
-        finally:
-            for stale in (partial, partial.with_name(partial.name + ".data")):
-                stale.unlink(missing_ok=True)
+            self.files[dtype] = (f"{name}.onnx", path)
+            return self.files[dtype]
 
     def manifest(self, dtype: str) -> dict[str, Any]:
-        path = self.file(dtype)
+        """What the page fetches first: the file's URL (its name carries the key, so a new file
+        is a new URL), its bytes, and the URL's prefix shared by the file's older versions."""
+        name, path = self.file(dtype)
         return {
-            "url": f"{PREFIX}{self.token}/{path.name}",
+            "url": f"{PREFIX}{self.token}/{name}",
+            "family": f"{PREFIX}{self.token}/{name.rsplit('-', 1)[0]}-",
             "bytes": path.stat().st_size,
             "size": self.size,
             "dtype": dtype,
-            "family": self.family(dtype),
         }
 
     def served(self, name: str) -> Path | None:
-        """The exported file named exactly ``name``, or None (nothing else is ever opened)."""
-        return next((p for p in list(self.files.values()) if p.name == name and p.is_file()), None)
+        """The file served as exactly ``name``, or None (nothing else is ever opened)."""
+        return next((p for n, p in list(self.files.values()) if n == name and p.is_file()), None)
 
 
 #: token -> model, for every page built in this process (a page's block names its token).
@@ -322,4 +292,4 @@ def browser_block(task: Task, checkpoints: Checkpoints, checkpoint_size: str | N
         )
 
 
-__all__ = ["BrowserFiles", "browser_block", "cache_dir", "middleware", "ort_source", "publish", "respond"]
+__all__ = ["BrowserFiles", "browser_block", "middleware", "ort_source", "publish", "respond"]
