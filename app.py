@@ -146,6 +146,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch.compile each model when it loads (local CUDA GPU only; costs start-up time)",
     )
     ap.add_argument("--concurrency", type=int, default=None, help="requests running models at once")
+    ap.add_argument(
+        "--runtime",
+        default="torch",
+        choices=["torch", "onnxruntime", "onnxruntime-int8"],
+        help="torch, or each model exported to ONNX on first use and run by ONNX Runtime (docs/ONNX.md)",
+    )
     return ap.parse_args(argv)
 
 
@@ -171,6 +177,7 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
         # ZeroGPU: every worker moves all resident weights onto its slice (docs/ZEROGPU.md)
         max_bytes=cache_budget_bytes(0, ACTIVATION_HEADROOM_BYTES) if ZERO_GPU else None,
         on_change=resident_changed,  # a fresh GPU worker after every load or eviction
+        runtime=args.runtime,
     )
     if ZERO_GPU or args.preload:
         # ZeroGPU packs tensors placed on "cuda" before launch and maps them into every GPU

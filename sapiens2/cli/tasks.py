@@ -65,9 +65,10 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--checkpoint",
-        help="a .safetensors file or a folder holding one (instead of the Hub); it decides the model, "
-        "and --size, if given, must match a published-size file",
+        help="a .safetensors file or a folder holding one (instead of the Hub), or an exported .onnx "
+        "file; it decides the model, and --size, if given, must match a published-size file",
     )
+    add_runtime(parser)
 
 
 def add_video(parser: argparse.ArgumentParser, task: registry.Task) -> None:
@@ -215,6 +216,19 @@ def _say(bar: Any, message: str) -> None:
         print(message, file=sys.stderr)
 
 
+def add_runtime(parser: argparse.ArgumentParser) -> None:
+    """``--runtime`` (the task commands, ``batch``): torch, or the model exported to ONNX once."""
+    from ..models.onnx_cache import RUNTIMES
+
+    parser.add_argument(
+        "--runtime",
+        choices=tuple(RUNTIMES),
+        default="torch",
+        help="torch (default), or onnxruntime / onnxruntime-int8: the model is exported to ONNX the "
+        "first time (cached beside the Hugging Face cache) and run by ONNX Runtime (docs/ONNX.md)",
+    )
+
+
 def make_pipeline(args: argparse.Namespace, task: registry.Task) -> Any:
     import torch
 
@@ -223,7 +237,10 @@ def make_pipeline(args: argparse.Namespace, task: registry.Task) -> Any:
     for switch in task.cli_switches:
         if getattr(args, switch.flag.lstrip("-").replace("-", "_")):
             extra.update(switch.kwargs)
-    pipe = task.pipeline(args.size, checkpoint=args.checkpoint, device=args.device, dtype=dtype, **extra)
+    runtime = getattr(args, "runtime", None)
+    pipe = task.pipeline(
+        args.size, checkpoint=args.checkpoint, device=args.device, dtype=dtype, runtime=runtime, **extra
+    )
     if args.checkpoint and args.size and getattr(pipe, "size", args.size) is None:  # say what ran
         print(
             f"note: {args.checkpoint} has no published size; it runs as 'custom' (--size {args.size} "

@@ -60,6 +60,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     rope_dtype: torch.dtype | None = None,
+    runtime: str | None = None,
 ) -> nn.Module:
     """A ready ``eval()`` Sapiens2 model for ``task``; ``model(pixel_values)`` returns its output dataclass.
 
@@ -68,12 +69,12 @@ def load_model(
     for the device. ``device`` defaults to CUDA when available; ``dtype`` (bf16 on CUDA, fp32
     elsewhere) is the backbone's and the heads' trunk; each head's final projection and the
     pointmap scale branch stay float32 (``nn.heads``). ``rope_dtype``: None = the release's
-    bfloat16 RoPE, ``torch.float32`` = transformers'.
+    bfloat16 RoPE, ``torch.float32`` = transformers'. ``runtime``: "torch" (None), or
+    "onnxruntime" / "onnxruntime-int8": the model exported to ONNX once (``models.onnx_cache``)
+    and run by ONNX Runtime; an ``.onnx`` checkpoint always runs there.
     """
-    if is_onnx(checkpoint):  # an exported network: ONNX Runtime behind the same model interface
-        from .onnx_runtime import load_onnx
-
-        return load_onnx(task, checkpoint, size=size, device=device, dtype=dtype)
+    if is_onnx(checkpoint) or (runtime not in (None, "torch")):
+        return _load_onnx(task, size, checkpoint, device, dtype, runtime)
     spec = get_task(task)
     if size is not None:
         spec.check_size(size)
@@ -98,6 +99,26 @@ def load_model(
         _load_into(model, path, dev, dtype)
     model.checkpoint_path = str(path)  # where the weights came from (shown in UIs and metadata)
     return model.eval()
+
+
+def _load_onnx(
+    task: str,
+    size: str | None,
+    checkpoint: str | os.PathLike | None,
+    device: str | torch.device | None,
+    dtype: torch.dtype | str | None,
+    runtime: str | None,
+) -> nn.Module:
+    """An exported network behind the same model interface (``models.onnx_runtime``)."""
+    from .onnx_cache import cached_onnx, check_runtime
+    from .onnx_runtime import load_onnx
+
+    check_runtime(runtime)
+    if not is_onnx(checkpoint):
+        fp16 = dtype in (torch.float16, "fp16", "float16")
+        checkpoint = cached_onnx(task, size, checkpoint, runtime=runtime or "onnxruntime", fp16=fp16)
+        dtype = None  # the file's own
+    return load_onnx(task, checkpoint, size=size, device=device, dtype=dtype)
 
 
 def describe_checkpoint(path: str | os.PathLike) -> dict[str, object]:

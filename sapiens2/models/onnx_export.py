@@ -121,7 +121,9 @@ def export_onnx(
     activations (for GPUs; the input and outputs stay float32).
     """
     from .loading import load_model
+    from .onnx_runtime import need
 
+    need("onnx"), need("onnxruntime")  # before minutes of loading and tracing
     if int8 and fp16:
         raise OptionError("Choose int8 or fp16, not both.")
     if checkpoint is not None and str(checkpoint).lower().endswith(".onnx"):
@@ -144,50 +146,83 @@ def check_target(out: str | os.PathLike) -> Path:
     return target
 
 
-def export_model(model: nn.Module, out: Path, *, int8: bool = False) -> Path:
-    """Export a loaded Sapiens2 model (from ``load_model``, on the CPU) to ``out``; see :func:`export_onnx`."""
+def export_model(
+    model: nn.Module, out: Path, *, int8: bool = False, input_hw: tuple[int, int] | None = None
+) -> Path:
+    """Export a loaded Sapiens2 model (from ``load_model``, on the CPU) to ``out``; see
+    :func:`export_onnx`. ``input_hw``: another fixed input than the zoo's (models trained at
+    another size; the tests' quick files)."""
+    from tqdm import tqdm
+
     task, size = model.task, model.size
-    spec = get_task(task)
-    hw = spec.input_size(size) if size else INPUT_SIZE
-    names = output_names(task)
+    hw = tuple(input_hw) if input_hw else (get_task(task).input_size(size) if size else INPUT_SIZE)
     dtype = next(model.parameters()).dtype
-    graph = _Graph(model, [f for _, f, _ in names]).eval()
-    example = torch.zeros(2, 3, *hw)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        raw = Path(tmp) / "raw.onnx"
-        with _traceable(model, hw), torch.no_grad(), warnings.catch_warnings():
-            # the tracer warns about the input checks' Python branches, fixed for a fixed H, W
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            # the TorchScript exporter: the dynamo one gives the same graph 8x slower here
-            torch.onnx.export(
-                graph,
-                (example,),
-                str(raw),
-                input_names=["pixel_values"],
-                output_names=[n for n, _, _ in names],
-                dynamic_axes={"pixel_values": {0: "batch"}, **{n: {0: "batch"} for n, _, _ in names}},
-                opset_version=OPSET,
-                dynamo=False,
-            )
+    kind = "int8" if int8 else {torch.float16: "fp16"}.get(dtype, "fp32")
+    # a bar the CLI shows and gr.Progress(track_tqdm=True) relays: tracing is the long step
+    bar = tqdm(total=3 if int8 else 2, desc=f"Exporting {task} to ONNX ({kind})", unit="step", leave=False)
+    with bar, tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        raw = _trace(model, Path(tmp) / "raw.onnx", hw)
+        bar.update()
         if int8:
             raw = _quantize(raw, Path(tmp) / "int8.onnx")
-        kind = "int8" if int8 else {torch.float16: "fp16"}.get(dtype, "fp32")
+            bar.update()
         _finish(raw, out, metadata(task, size, hw, kind))
+        bar.update()
     return out
+
+
+def _trace(model: nn.Module, raw: Path, hw: tuple[int, int]) -> Path:
+    names = output_names(model.task)
+    graph = _Graph(model, [f for _, f, _ in names]).eval()
+    example = torch.zeros(2, 3, *hw)  # batch 2: nothing in the graph may take the batch for 1
+    with _traceable(model, hw), torch.no_grad(), warnings.catch_warnings():
+        # the tracer warns about the input checks' Python branches, fixed for a fixed H, W
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        # the TorchScript exporter: the dynamo one gives the same graph 8x slower here
+        torch.onnx.export(
+            graph,
+            (example,),
+            str(raw),
+            input_names=["pixel_values"],
+            output_names=[n for n, _, _ in names],
+            dynamic_axes={"pixel_values": {0: "batch"}, **{n: {0: "batch"} for n, _, _ in names}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    return raw
 
 
 def _quantize(src: Path, dst: Path) -> Path:
     """Dynamic quantisation, int8 weights (QInt8), of the MatMuls (the transformer's linear layers)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        src,
-        dst,
-        weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul"],
-        use_external_data_format=src.stat().st_size > EXTERNAL_DATA_BYTES or _has_external(src),
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its advice to pre-process is for static quantisation
+        quantize_dynamic(
+            src,
+            dst,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul"],
+            use_external_data_format=src.stat().st_size > EXTERNAL_DATA_BYTES or _has_external(src),
+        )
     return dst
+
+
+def quantize_file(src: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """An int8 copy of an exported fp32 file (as ``export_onnx(..., int8=True)`` writes it, without
+    exporting again)."""
+    import onnx
+
+    src, target = Path(src), check_target(out)
+    props = {p.key: p.value for p in onnx.load(str(src), load_external_data=False).metadata_props}
+    if props.get("sapiens2.dtype") != "fp32":
+        raise OptionError(
+            f"{src} is not an fp32 Sapiens2 export (sapiens2.dtype {props.get('sapiens2.dtype')})."
+        )
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        raw = _quantize(src, Path(tmp) / "int8.onnx")
+        _finish(raw, target, {**props, "sapiens2.dtype": "int8"})
+    return target
 
 
 def _has_external(path: Path) -> bool:
@@ -231,6 +266,7 @@ def _traceable(model: nn.Module, hw: tuple[int, int]) -> Iterator[None]:
     cos, sin = bb._rope(*grid, torch.device("cpu"), bb.rope_dtype)
     bf16 = cos.dtype == torch.bfloat16
     table = (cos.float(), sin.float()) if bf16 else (cos, sin)
+    torch.onnx.register_custom_op_symbolic("aten::rms_norm", _rms_norm_symbolic, OPSET)
     saved = (bb._rope, backbone_module.apply_rope, backbone_module.F)
     grads = {p: p.requires_grad for p in model.parameters()}
     bb._rope = lambda *_: table
@@ -244,6 +280,20 @@ def _traceable(model: nn.Module, hw: tuple[int, int]) -> Iterator[None]:
         bb._rope, backbone_module.apply_rope, backbone_module.F = saved
         for p, grad in grads.items():
             p.requires_grad_(grad)
+
+
+def _rms_norm_symbolic(g: Any, x: Any, normalized_shape: Any, weight: Any, eps: Any) -> Any:
+    """``aten::rms_norm`` (albedo's head) in opset-18 operators: ONNX has RMSNormalization only
+    from opset 23, which ONNX Runtime's older releases and onnxruntime-web lack."""
+    from torch.onnx import symbolic_helper as sh
+
+    dims = len(sh._get_const(normalized_shape, "is", "normalized_shape"))
+    value = None if sh._is_none(eps) else sh._get_const(eps, "f", "eps")
+    axes = g.op("Constant", value_t=torch.arange(-dims, 0, dtype=torch.long))
+    mean = g.op("ReduceMean", g.op("Mul", x, x), axes, keepdims_i=1)
+    eps_t = g.op("Constant", value_t=torch.tensor(torch.finfo(torch.float32).eps if value is None else value))
+    out = g.op("Div", x, g.op("Sqrt", g.op("Add", mean, eps_t)))
+    return out if sh._is_none(weight) else g.op("Mul", out, weight)
 
 
 class _ExportFunctional:

@@ -11,6 +11,7 @@ size and outputs.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, DeviceError, InputImageError, OptionError
+from ..runtime.threads import configure_cpu_threads
 from .nn.outputs import TaskOutput, output_type
 from .zoo import TASKS, get_task
 
@@ -41,14 +43,21 @@ def onnxruntime_available() -> bool:
     return True
 
 
-def _ort() -> Any:
+def need(module: str) -> Any:
+    """``onnx`` or ``onnxruntime``, imported; OptionError saying how to install it (the onnx extra)."""
+    import importlib
+
     try:
-        import onnxruntime
+        return importlib.import_module(module)
     except ImportError:
         raise OptionError(
-            "Running an ONNX model needs ONNX Runtime: pip install 'sapiens2[onnx]' (or onnxruntime)."
+            f"ONNX export and ONNX Runtime need {module}: pip install 'sapiens2-space[onnx]' "
+            "(onnx and onnxruntime)."
         ) from None
-    return onnxruntime
+
+
+def _ort() -> Any:
+    return need("onnxruntime")
 
 
 def providers_for(device: str | torch.device | None) -> list[str]:
@@ -69,8 +78,7 @@ def providers_for(device: str | torch.device | None) -> list[str]:
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The ``sapiens2.*`` metadata of an exported file (CheckpointError when it has none)."""
-    import onnx
-
+    onnx = need("onnx")
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"No ONNX file at {path}.")
@@ -81,6 +89,8 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
             f"Could not read {path} as ONNX ({err}): the file is damaged or not ONNX."
         ) from None
     props = {p.key: p.value for p in proto.metadata_props}
+    # the weights' element count (int8 files: the quantised weights), for cost estimates
+    props[".parameters"] = str(sum(math.prod(t.dims) for t in proto.graph.initializer))
     if props.get("sapiens2.task") not in TASKS:
         raise CheckpointError(
             f"{path} is an ONNX file without Sapiens2 metadata (sapiens2.task): export it with "
@@ -102,6 +112,7 @@ def describe_onnx(path: str | os.PathLike) -> dict[str, object]:
         "input_hw": [int(props["sapiens2.input_height"]), int(props["sapiens2.input_width"])],
         "outputs": json.loads(props.get("sapiens2.outputs", "{}")),
         "version": props.get("sapiens2.version"),
+        "parameters": int(props[".parameters"]),
     }
 
 
@@ -119,9 +130,11 @@ class OnnxModel(nn.Module):
         self.onnx_dtype = str(info["dtype"])
         self.input_hw = tuple(info["input_hw"])  # type: ignore[arg-type]
         self.checkpoint_path = str(path)
+        self.parameter_count = int(info["parameters"])  # type: ignore[call-overload]
         self.arch = None  # widths are not in the file; memory estimates use the zoo's size
         options = ort.SessionOptions()
         options.log_severity_level = 3  # ORT's warnings about unused initializers are not the user's
+        options.intra_op_num_threads = configure_cpu_threads()  # the same CPU share as torch's
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers_for(device))
         except Exception as err:  # ORT raises its own Fail/InvalidGraph types
@@ -171,8 +184,8 @@ def load_onnx(
     dtype: torch.dtype | str | None = None,
 ) -> OnnxModel:
     """``load_model`` for an ``.onnx`` checkpoint: the file's task must be ``task``; a size only
-    checks it (as for any explicit checkpoint); ``dtype`` is the file's (None, or float32 for an
-    fp32/int8 file: the input and outputs are float32 in every export)."""
+    checks it (as for any explicit checkpoint). ``dtype`` is not applied: the file's precision is
+    its own (export with --fp16 or --int8), and its input and outputs are float32."""
     from .loading import checkpoint_size_conflict
 
     spec = get_task(task)
@@ -187,9 +200,4 @@ def load_onnx(
     conflict = checkpoint_size_conflict(model.size, size)
     if conflict is not None:
         raise CheckpointError(f"{path} is size {model.size}, not {size}. {conflict}")
-    if dtype not in (None, torch.float32, "fp32", "float32"):
-        raise OptionError(
-            f"An ONNX model's precision is the file's ({model.onnx_dtype}); leave dtype unset "
-            "or export with --fp16 / --int8."
-        )
     return model.eval()
