@@ -174,8 +174,13 @@ def test_the_browser_computes_the_servers_embeddings_and_similarity_without_uplo
         assert posts == [], posts  # no upload, no queue call: the photos stayed in the page
         result = json.loads(page.locator(".sapiens2-browser").locator("..").get_attribute("data-result"))
         assert result["backend"] == "wasm" and result["dtype"] == "fp32"
+        # a random tiny model's embeddings of any two photos are close (similarity ~0.9997):
+        # each must be far closer to its own photo's server embedding than to the other's
+        apart = np.abs(server[0].embedding - server[1].embedding).max()
         for mine, theirs in zip(result["embeddings"], server, strict=True):
             assert cosine_similarity(np.array(mine), theirs) >= 0.999
+            off = np.abs(np.array(mine) - theirs.embedding).max()
+            assert off < apart / 100, (off, apart)
             np.testing.assert_allclose(mine, theirs.embedding, rtol=1e-3, atol=1e-4)
         assert abs(result["similarity"] - cosine_similarity(*server)) < 1e-4
         assert block(page, "score").inner_text().startswith("Similarity (computed in this browser): ")

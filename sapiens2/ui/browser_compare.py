@@ -49,7 +49,8 @@ DTYPES = ("int8", "fp32")
 BROWSER_SIZE = "0.1b"
 _ORT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.(mjs|wasm)$")
 _TYPES = {".mjs": "text/javascript", ".wasm": "application/wasm", ".onnx": "application/octet-stream"}
-_SCRIPT = Path(__file__).with_name("static") / "browser_compare.js"
+#: The page's script, in order: the metadata and photo readers, then the block's behaviour.
+_SCRIPTS = tuple(Path(__file__).with_name("static") / n for n in ("browser_input.js", "browser_compare.js"))
 
 
 @dataclass
@@ -286,7 +287,7 @@ def browser_block(task: Task, checkpoints: Checkpoints, checkpoint_size: str | N
             "",
             html_template=_TEMPLATE,
             css_template=_CSS,
-            js_on_load=_SCRIPT.read_text(encoding="utf-8"),
+            js_on_load="\n".join(p.read_text(encoding="utf-8") for p in _SCRIPTS),
             elem_id=f"{task.name}-browser",
             config=browser_config(model, output),
         )
