@@ -29,7 +29,7 @@ from sapiens2.models import hub_cache
 from sapiens2.models.checkpoints import CHECKPOINT_HELP, CHECKPOINTS_ENV, Checkpoints
 from sapiens2.runtime import heap
 from sapiens2.tasks import registry
-from sapiens2.ui import arrival, live_tab, mcp_files
+from sapiens2.ui import arrival, browser_compare, live_tab, mcp_files
 from sapiens2.ui.handlers import Runner
 from sapiens2.ui.inputs import photo_input, say_on_arrival
 from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
@@ -165,6 +165,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch.compile each model when it loads (local CUDA GPU only; costs start-up time)",
     )
     ap.add_argument("--concurrency", type=int, default=None, help="requests running models at once")
+    ap.add_argument(
+        "--runtime",
+        default="torch",
+        choices=["torch", "onnxruntime", "onnxruntime-int8"],
+        help="torch, or each model exported to ONNX on first use and run by ONNX Runtime (docs/ONNX.md)",
+    )
     return ap.parse_args(argv)
 
 
@@ -190,6 +196,7 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
         # ZeroGPU: every worker moves all resident weights onto its slice (docs/ZEROGPU.md)
         max_bytes=cache_budget_bytes(0, ACTIVATION_HEADROOM_BYTES) if ZERO_GPU else None,
         on_change=resident_changed,  # a fresh GPU worker after every load or eviction
+        runtime=args.runtime,
     )
     if ZERO_GPU or args.preload:
         # ZeroGPU packs tensors placed on "cuda" before launch and maps them into every GPU
@@ -202,11 +209,13 @@ def manager_from_args(args: argparse.Namespace) -> serving.ModelManager:
 
 def app_kwargs() -> dict[str, Any]:
     """The FastAPI arguments of the served app: the middlewares (the run info's arrival stamp,
-    sapiens2/ui/arrival.py; the Live tab's count of frames posted, sapiens2/ui/live_tab.py) and
+    sapiens2/ui/arrival.py; the Live tab's count of frames posted, sapiens2/ui/live_tab.py; the
+    files of "Compute in my browser", sapiens2/ui/browser_compare.py) and
     the lifespan (the MCP tools' file texts, sapiens2/ui/mcp_files.py). A fresh dict each time:
     Gradio adds to it."""
     kwargs = arrival.app_kwargs()
     kwargs["middleware"].append(live_tab.middleware())
+    kwargs["middleware"].append(browser_compare.middleware())  # "Compute in my browser"'s files
     kwargs["lifespan"] = mcp_files.lifespan
     return kwargs
 

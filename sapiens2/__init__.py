@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_model": ".models.loading",
     "describe_checkpoint": ".models.loading",
+    "export_onnx": ".models.onnx_export",
     "load_image": ".inputs.intake",
     "PersonDetector": ".inputs.detector",
     "detect_people": ".inputs.detector",

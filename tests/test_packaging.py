@@ -35,6 +35,8 @@ OPTIONAL = {
     "spaces": "sapiens2/zerogpu/entry.py uses it only on ZeroGPU (the app extra installs it)",
     "triton": "sapiens2/models/compile.py compiles with it only on a CUDA build of torch, which ships it",
     "ray": "sapiens2/batch/ray_engine.py imports it only for --engine ray (the ray extra installs it)",
+    "onnx": "sapiens2/models/onnx_*.py import it only to export or read an .onnx file (the onnx extra)",
+    "onnxruntime": "sapiens2/models/onnx_*.py import it only to run or quantise an .onnx file (the onnx extra)",
 }
 
 

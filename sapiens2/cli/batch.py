@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import Sapiens2Error
 from ..tasks import registry
-from .tasks import DTYPES, add_checkpoint, add_option, flag, task_names
+from .tasks import DTYPES, add_checkpoint, add_option, add_runtime, flag, task_names
 
 NAME = "batch"
 HELP = (
@@ -55,6 +55,7 @@ def add(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detector-checkpoint", metavar="PATH",
                         help="the person detector's DETR checkpoint, a file or folder every worker can read "
                         "(default: facebook/detr-resnet-50 from the Hugging Face cache)")  # fmt: skip
+    add_runtime(parser)
     parser.add_argument("--network-size", metavar="HxW",
                         help="network input instead of the checkpoint's (models trained at another size, quick tests)")  # fmt: skip
     ray = parser.add_argument_group("ray engine")
@@ -156,6 +157,8 @@ def build_job(args: argparse.Namespace, cluster: dict[str, float] | None = None)
             task_plan(task, values=values, size=per_task.get(task, every), checkpoints=checkpoints,
                       pipeline_kwargs=switches, gpu=gpu, network_hw=hw, where=flag)
         )  # fmt: skip
+    if getattr(args, "runtime", "torch") != "torch":  # every worker loads the one exported file
+        plans = [_exported(plan, args.runtime, args.dtype) for plan in plans]
     if args.batch_size < 1 or (args.rows_per_part is not None and args.rows_per_part < 1):
         raise OptionError("--batch-size and --rows-per-part must be at least 1.")
     job = BatchJob(
@@ -173,6 +176,25 @@ def build_job(args: argparse.Namespace, cluster: dict[str, float] | None = None)
         )  # fmt: skip
         print(f"ray: forward on {'GPUs' if gpu else 'CPUs'} ({why})", file=sys.stderr)
     return job, source, engine_options
+
+
+def _exported(plan: Any, runtime: str, dtype: str | None) -> Any:
+    """``plan`` with each model's checkpoint its ONNX export (made now when not cached)."""
+    from dataclasses import replace
+
+    from ..models.onnx_cache import cached_onnx
+
+    def onnx(model: Any) -> Any:
+        path = cached_onnx(
+            model.task.name,
+            model.size,
+            model.checkpoint,
+            runtime=runtime,
+            fp16=DTYPES.get(dtype or "") == "float16",
+        )
+        return replace(model, checkpoint=str(path))
+
+    return replace(plan, model=onnx(plan.model), borrowed=tuple(onnx(b) for b in plan.borrowed))
 
 
 def _detector(args: argparse.Namespace, task: registry.Task) -> dict[str, Any]:

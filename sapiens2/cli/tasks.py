@@ -64,6 +64,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=sorted(DTYPES), help="weights dtype (default: bfloat16 on GPU, float32 on CPU)"
     )
     add_checkpoint(parser)
+    add_runtime(parser)
 
 
 def add_checkpoint(parser: argparse.ArgumentParser) -> None:
@@ -225,6 +226,19 @@ def _say(bar: Any, message: str) -> None:
         print(message, file=sys.stderr)
 
 
+def add_runtime(parser: argparse.ArgumentParser) -> None:
+    """``--runtime`` (the task commands, ``batch``): torch, or the model exported to ONNX once."""
+    from ..models.onnx_cache import RUNTIMES
+
+    parser.add_argument(
+        "--runtime",
+        choices=tuple(RUNTIMES),
+        default="torch",
+        help="torch (default), or onnxruntime / onnxruntime-int8: the model is exported to ONNX the "
+        "first time (cached beside the Hugging Face cache) and run by ONNX Runtime (docs/ONNX.md)",
+    )
+
+
 def make_pipeline(args: argparse.Namespace, task: registry.Task) -> Any:
     import torch
 
@@ -234,7 +248,10 @@ def make_pipeline(args: argparse.Namespace, task: registry.Task) -> Any:
         if getattr(args, switch.flag.lstrip("-").replace("-", "_")):
             extra.update(switch.kwargs)
     checkpoint = _checkpoint(args, task)
-    pipe = task.pipeline(args.size, checkpoint=checkpoint, device=args.device, dtype=dtype, **extra)
+    runtime = getattr(args, "runtime", None)
+    pipe = task.pipeline(
+        args.size, checkpoint=checkpoint, device=args.device, dtype=dtype, runtime=runtime, **extra
+    )
     if checkpoint and args.size and getattr(pipe, "size", args.size) is None:  # say what ran
         print(
             f"note: {checkpoint} has no published size; it runs as 'custom' (--size {args.size} "

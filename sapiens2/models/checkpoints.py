@@ -28,7 +28,8 @@ def _known(name: str) -> str:
 
 #: The one help text of every ``--checkpoint`` flag (the per-task commands, motion, batch, the app).
 CHECKPOINT_HELP = (
-    "weights instead of the Hub: a .safetensors file or a folder holding one, as PATH or TASK=PATH "
+    "weights instead of the Hub: a .safetensors file or a folder holding one, or an exported .onnx file, "
+    "as PATH or TASK=PATH "
     "(a plain PATH is the command's task, or the task its file holds; repeat the flag per task). "
     "The file decides the model; --size, if given, only checks it"
 )

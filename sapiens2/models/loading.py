@@ -2,7 +2,8 @@
 
 Resolution order (see ``sapiens2.models.weights.find_weights``): an explicit ``checkpoint`` (file or
 folder) -> ``$SAPIENS2_CHECKPOINTS/<task>/sapiens2_<size>_<task>.safetensors`` -> the Hugging Face
-Hub cache (the release file name, then ``model.safetensors``). Only safetensors are read.
+Hub cache (the release file name, then ``model.safetensors``). Only safetensors are read, and
+exported ``.onnx`` files (run by ONNX Runtime: ``sapiens2.models.onnx_runtime``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..runtime.devices import default_device
 from ..zerogpu.entry import cuda_emulation
 from .nn.backbone import fuse_qkv_in_state
 from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
+from .onnx_runtime import is_onnx
 from .weights import ENV_VAR, _pick_in_folder, find_weights, local_root, read_header
 from .zoo import get_task
 
@@ -58,6 +60,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     rope_dtype: torch.dtype | None = None,
+    runtime: str | None = None,
 ) -> nn.Module:
     """A ready ``eval()`` Sapiens2 model for ``task``; ``model(pixel_values)`` returns its output dataclass.
 
@@ -66,8 +69,12 @@ def load_model(
     for the device. ``device`` defaults to CUDA when available; ``dtype`` (bf16 on CUDA, fp32
     elsewhere) is the backbone's and the heads' trunk; each head's final projection and the
     pointmap scale branch stay float32 (``nn.heads``). ``rope_dtype``: None = the release's
-    bfloat16 RoPE, ``torch.float32`` = transformers'.
+    bfloat16 RoPE, ``torch.float32`` = transformers'. ``runtime``: "torch" (None), or
+    "onnxruntime" / "onnxruntime-int8": the model exported to ONNX once (``models.onnx_cache``)
+    and run by ONNX Runtime; an ``.onnx`` checkpoint always runs there.
     """
+    if is_onnx(checkpoint) or (runtime not in (None, "torch")):
+        return _load_onnx(task, size, checkpoint, device, dtype, runtime)
     spec = get_task(task)
     if size is not None:
         spec.check_size(size)
@@ -94,9 +101,33 @@ def load_model(
     return model.eval()
 
 
+def _load_onnx(
+    task: str,
+    size: str | None,
+    checkpoint: str | os.PathLike | None,
+    device: str | torch.device | None,
+    dtype: torch.dtype | str | None,
+    runtime: str | None,
+) -> nn.Module:
+    """An exported network behind the same model interface (``models.onnx_runtime``)."""
+    from .onnx_cache import cached_onnx, check_runtime
+    from .onnx_runtime import load_onnx
+
+    check_runtime(runtime)
+    if not is_onnx(checkpoint):
+        fp16 = dtype in (torch.float16, "fp16", "float16")
+        checkpoint = cached_onnx(task, size, checkpoint, runtime=runtime or "onnxruntime", fp16=fp16)
+        dtype = None  # the file's own
+    return load_onnx(task, checkpoint, size=size, device=device, dtype=dtype)
+
+
 def describe_checkpoint(path: str | os.PathLike) -> dict[str, object]:
     """What a checkpoint holds (task, zoo size or None, widths, depths, heads, KV layout, registers,
     head widths), read from the safetensors header only."""
+    if is_onnx(path):
+        from .onnx_runtime import describe_onnx
+
+        return describe_onnx(path)
     path = Path(path)
     if path.is_dir():
         path = _pick_in_folder(path, ())

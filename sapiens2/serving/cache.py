@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import OptionError, ResidencyError, Sapiens2Error
 from ..models.checkpoints import Checkpoints
+from ..models.onnx_cache import check_runtime
 from ..runtime.devices import default_device
 from ..tasks import registry
 from ..tasks.registry import Task
@@ -75,6 +76,7 @@ class ModelManager:
         compile: bool = False,
         max_bytes: int | None = None,
         on_change: Callable[[], None] | None = None,
+        runtime: str | None = None,
     ) -> None:
         if max_models < 1:
             raise OptionError(f"max_models must be at least 1; got {max_models}.")
@@ -85,6 +87,8 @@ class ModelManager:
         self.max_bytes = max_bytes
         self.size = size
         self.on_change = on_change
+        #: "torch" (None), "onnxruntime" or "onnxruntime-int8": each model exported once, run by ORT
+        self.runtime = None if runtime in (None, "torch") else check_runtime(runtime)
         self._factory = factory
         self.compile = compile  # torch.compile each model at load (local CUDA only; models.compile)
         self.compile_reports: dict[Key, Any] = {}  # what compilation did or why it was skipped
@@ -347,6 +351,8 @@ class ModelManager:
         kwargs: dict[str, Any] = {"checkpoint": self.checkpoints.get(task.name), "device": self.device}
         if self.dtype is not None:
             kwargs["dtype"] = self.dtype
+        if self.runtime is not None:
+            kwargs["runtime"] = self.runtime
         for borrowed in task.borrows:  # shared with that task's own tab, never a private copy
             bsize = self.borrowed_size(borrowed, real_size)
             kwargs[borrowed.name] = lambda b=borrowed, s=bsize: self.get(b, s)

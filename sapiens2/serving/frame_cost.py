@@ -72,7 +72,8 @@ def served_forward_macs(
     size_arg = size if size in task.spec.sizes else None
     try:
         pipe = manager.get(task, size_arg, load=False)
-        params = float(sum(p.numel() for p in pipe.model.parameters()))
+        model = pipe.model  # an ONNX model's weights are in its file, not its parameters
+        params = float(getattr(model, "parameter_count", None) or sum(p.numel() for p in model.parameters()))
         h, w = hw or pipe.network_hw
     except (Sapiens2Error, AttributeError):  # not loaded yet, or a pipeline without a model
         return forward_macs(task, size, hw)

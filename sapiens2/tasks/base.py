@@ -119,6 +119,7 @@ class Pipeline:
         checkpoint: str | Path | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        runtime: str | None = None,
         **parts: Any,
     ) -> None:
         from ..models.loading import load_model
@@ -126,9 +127,13 @@ class Pipeline:
         self._check_parts(parts)
         self.spec: TaskSpec = get_task(self.task)
         if model is None:
-            model = load_model(self.task, size, checkpoint=checkpoint, device=device, dtype=dtype)
+            model = load_model(
+                self.task, size, checkpoint=checkpoint, device=device, dtype=dtype, runtime=runtime
+            )
         self.model = model
         self.size: str | None = getattr(model, "size", size)
+        if self.input_hw is None and getattr(model, "input_hw", None):  # an ONNX file fixes its input
+            self.input_hw = tuple(model.input_hw)
         self.device, self.dtype = model_device_dtype(model)
         if self.device.type == "cpu":
             from ..runtime.threads import configure_cpu_threads
@@ -192,7 +197,7 @@ class Pipeline:
         :func:`sapiens2.inputs.network.check_input_hw`), else :attr:`network_hw`. The stages take
         it as their ``input_hw`` option (the live view's faster input); None keeps the release's
         path exactly."""
-        if input_hw is None:
+        if input_hw is None or getattr(self.model, "input_hw", None):  # an ONNX file runs at its own
             return self.network_hw
         from ..inputs.network import check_input_hw
 

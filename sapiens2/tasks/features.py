@@ -165,5 +165,6 @@ TASK = Task(
         "Cosine similarity of the embeddings",
         "Similarity of two photos: cosine of their backbone embeddings (-1 to 1).",
         cosine_similarity,
+        browser_output="cls",
     ),
 )

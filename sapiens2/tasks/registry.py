@@ -85,6 +85,9 @@ class Compare:
     label: str  # the score's label
     help: str
     score: Callable[[Any, Any], float]
+    #: the ONNX output whose cosine a visitor's browser computes ("Compute in my browser",
+    #: docs/ONNX_BROWSER.md); None: the server only
+    browser_output: str | None = None
 
 
 @dataclass(frozen=True)

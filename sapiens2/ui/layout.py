@@ -21,6 +21,7 @@ from ..models.zoo import ARCHS, DETECTOR, WEIGHTS_LICENSE
 from ..serving import ModelManager
 from ..serving.folders import result_id
 from ..tasks.registry import OnDemand, Task
+from .browser_compare import browser_block
 from .handlers import (
     Runner,
     all_endpoint,
@@ -119,6 +120,8 @@ def compare_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown) -
     event.failure(
         shown_error(task.compare.api_name, False), None, [info], api_visibility="private", queue=False
     )
+    manager = run.manager
+    browser_block(task, manager.checkpoints, manager.checkpoint_size(task))  # "Compute in my browser"
 
 
 def on_demand_block(run: Runner, task: Task, entry: OnDemand, downloads: gr.File) -> None:
