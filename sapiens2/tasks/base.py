@@ -27,7 +27,7 @@ import torch
 
 from ..errors import OptionError
 from ..inputs.intake import DEFAULT_MAX_SIDE, ImageSource, Intake, load_image
-from ..models.zoo import TaskSpec, get_task
+from ..models.zoo import Rules, TaskSpec, get_task
 
 
 @dataclass
@@ -168,7 +168,14 @@ class Pipeline:
     @property
     def network_hw(self) -> tuple[int, int]:
         """The (H, W) the model is fed: ``input_hw`` or the checkpoint's own input size."""
-        return tuple(self.input_hw or self.spec.input_size(self.size or ""))
+        own = getattr(self.model, "input_hw", None)  # a v1 graph's (its size may be custom)
+        return tuple(self.input_hw or own or self.spec.input_size(self.size or ""))
+
+    @property
+    def rules(self) -> Rules:
+        """The model generation's pre- and post-processing rules (``sapiens2.models.zoo.Rules``):
+        the loaded model's own, else its zoo size's."""
+        return getattr(self.model, "rules", None) or self.spec.rules(self.size)
 
     def input_size(self, input_hw: Any = None) -> tuple[int, int]:
         """The network input (H, W) of one call: ``input_hw`` when given (checked by
