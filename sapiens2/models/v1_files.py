@@ -173,7 +173,10 @@ def load_v1_model(
     found = _size_of(graph, fmt)
     if size is not None and found is not None and v1_parts(size)[0] != found:
         raise CheckpointError(f"{path} is a Sapiens v1 {found} model, not {size}.")
-    zoo_size = size or (f"v1-{found}" + ("-bf16" if fmt == EXPORTED else "") if found else None)
+    if checkpoint is None:
+        zoo_size = size  # found by its zoo size (lite layout or Hub)
+    else:  # the file decides; a width of no published size is a custom model (as load_model's rule)
+        zoo_size = f"v1-{found}" + ("-bf16" if fmt == EXPORTED else "") if found else None
     if zoo_size is not None and zoo_size not in spec.sizes:
         zoo_size = None  # a published width with no zoo row for this task: custom
     model = V1Model(

@@ -32,8 +32,7 @@ class Rules:
 
     ``mean``/``std`` are on the 0-255 scale, RGB. ``dense_resize``: how seg/normal/depth make
     their network input ("release": each task's Sapiens2 rule; "stretch": the whole photo
-    bilinearly to the input size, aspect ignored). ``fallback_box_end``: the whole-photo box
-    ends at (W - end, H - end). ``seg_missing``: class ids of the 29-class set the model has no
+    bilinearly to the input size, aspect ignored). ``seg_missing``: class ids of the 29-class set the model has no
     channel for (v1's 28 classes lack Eyeglass, id 2)."""
 
     generation: str
@@ -41,7 +40,6 @@ class Rules:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     dense_resize: str = "release"
-    fallback_box_end: int = 1
     seg_missing: tuple[int, ...] = ()
 
     def label(self, size: str | None) -> str:
@@ -54,7 +52,7 @@ SAPIENS2_RULES = Rules(
     "Sapiens2", "Sapiens2 License", tuple(255 * m for m in IMAGE_MEAN), tuple(255 * s for s in IMAGE_STD)
 )
 #: The lite demo's numbers (the training configs use exact ImageNet x255; < 0.3 grey levels apart).
-V1_RULES = Rules("Sapiens v1", V1_LICENSE, (123.5, 116.5, 103.5), (58.5, 57.0, 57.5), "stretch", 0, (2,))
+V1_RULES = Rules("Sapiens v1", V1_LICENSE, (123.5, 116.5, 103.5), (58.5, 57.0, 57.5), "stretch", (2,))
 #: v1 sizes are ``v1-<size>`` (TorchScript, fp32) and ``v1-<size>-bf16`` (the ExportedProgram).
 V1_PREFIX, V1_BF16 = "v1-", "-bf16"
 V1_FORMATS = {"": "torchscript", V1_BF16: "bfloat16"}
