@@ -132,3 +132,58 @@ def test_no_endpoint_takes_a_checkpoint_or_path(tiny_checkpoints) -> None:
     for task in registry.all_tasks().values():
         names = list(inspect.signature(task_endpoint(Runner(manager), task, gpu=False)).parameters)
         assert not [n for n in names if "checkpoint" in n or "path" in n or "file" in n], (task.name, names)
+
+
+def test_keypoint_sets_flip_and_lift() -> None:
+    from sapiens2.data.keypoint_sets import COCO17, GOLIATH308, WHOLEBODY133, keypoint_set
+
+    # COCO order (spec 5): left/right pairs swap, the nose stays
+    assert COCO17.flip_index.tolist() == [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]
+    wb = WHOLEBODY133.flip_index
+    assert wb[17:23].tolist() == [20, 21, 22, 17, 18, 19]  # feet
+    assert wb[91] == 112 and wb[23] == 23 + 16 and wb[23 + 27] == 23 + 27  # hand roots, jaw, nose bridge
+    assert keypoint_set(308) is GOLIATH308
+    with pytest.raises(sapiens2.errors.OptionError, match="returned 70 heatmaps"):
+        keypoint_set(70)
+    kp = np.arange(17 * 2, dtype=np.float32).reshape(1, 17, 2)
+    lifted, scores = COCO17.lift(kp, np.ones((1, 17), np.float32))
+    assert lifted.shape == (1, 308, 2) and scores.sum() == 17
+    assert lifted[0, 62].tolist() == kp[0, 9].tolist()  # COCO left wrist -> 308 left_wrist (62)
+
+
+def test_decoding_maps_heatmap_peaks_as_the_spec_says() -> None:
+    """Spec 4.1: x = x_hm / 191 x s_w + c_x - s_w / 2 (and y with 255, s_h); the box x1.25,
+    widened to the network's 3:4 (docs/SAPIENS_V1.md: the demo's photo-aspect crop is a quirk)."""
+    from sapiens2.ops.pose_codec import decode_crops
+    from sapiens2.ops.pose_crops import apply_affine, crop_geometry
+
+    ys, xs = np.mgrid[0:256, 0:192]
+    peak = np.exp(-((xs - 95) ** 2 + (ys - 127) ** 2) / (2 * 6.0**2)).astype(np.float32)
+    maps = torch.from_numpy(np.broadcast_to(peak, (1, 17, 256, 192)).copy())
+    crop_kp, scores, _ = decode_crops(maps, False, (1024, 768))
+    box = np.array([[100.0, 50.0, 300.0, 650.0]])
+    geo = crop_geometry(box)
+    assert geo.scales[0].tolist() == pytest.approx([562.5, 750.0])  # 1.25 x (200, 600), then 3:4
+    x, y = apply_affine(crop_kp, geo.inverse)[0, 0]
+    assert x == pytest.approx(95 / 191 * 562.5 + 200 - 562.5 / 2, abs=1e-3)
+    assert y == pytest.approx(127 / 255 * 750 + 350 - 750 / 2, abs=1e-3)
+    assert scores[0, 0] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_17_keypoint_model_runs_pose_and_says_what_it_cannot_give(v1_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    pipe = sapiens2.pipeline("pose", checkpoint=v1_dir / "sapiens_tiny_pose17_torchscript.pt2",
+                             device="cpu", detector=None)  # fmt: skip
+    photo = np.random.default_rng(1).integers(0, 256, (240, 180, 3), dtype=np.uint8)
+    result = pipe(photo, flip_test=True)
+    assert result.keypoint_set == "coco17" and result.native[0].shape == (1, 17, 2)
+    assert result.keypoints.shape == (1, 308, 2) and np.count_nonzero(result.scores[0]) <= 17
+    assert any("BODY_25" in n and "133- or 308" in n for n in result.notices)
+    files = {p.name.split("_", 1)[1]: p for p in result.save(tmp_path)}
+    body25 = json.loads(files["openpose_body25.json"].read_text())["people"][0]["pose_keypoints_2d"]
+    assert body25[19 * 3 :] == [0] * 18  # the six foot points: not given by a 17-point model
+    rows = files["keypoints.csv"].read_text().splitlines()
+    assert len(rows) == 1 + 17 and rows[1].split(",")[3] == "nose"
+    assert json.loads(files["pose.json"].read_text())["keypoint_set"] == "coco17"
+    assert result.render().shape == photo.shape

@@ -184,7 +184,17 @@ def load_v1_model(
         input_hw=spec.input_size(zoo_size or "v1-"), batch=batch,
     )  # fmt: skip
     model.checkpoint_path = str(path)
+    model.keypoints = _keypoints_named(path.name) if spec.output == "PoseOutput" else None
     return model.to(device).eval()
+
+
+def _keypoints_named(name: str) -> int | None:
+    """A pose file's keypoint count as the release names it (coco_wholebody 133, coco 17,
+    goliath 308); None for another name (the heatmaps tell at the first forward)."""
+    for part, count in (("coco_wholebody", 133), ("_coco_", 17), ("goliath", 308)):
+        if part in name:
+            return count
+    return None
 
 
 def _load_graph(path: Path, fmt: str, device: torch.device) -> tuple[torch.nn.Module, int | None]:

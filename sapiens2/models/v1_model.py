@@ -42,6 +42,7 @@ class V1Model(nn.Module):
         self.graph = graph
         self.task, self.output_name, self.rules, self.size, self.format = task, output, rules, size, fmt
         self.input_hw, self.batch = tuple(input_hw), batch
+        self.keypoints: int | None = None  # a pose file's keypoint count when its name says it
         s2_mean, s2_std = torch.tensor(SAPIENS2_RULES.mean), torch.tensor(SAPIENS2_RULES.std)
         mean, std = torch.tensor(rules.mean), torch.tensor(rules.std)
         # x2 = (p - m2) / s2  ->  x1 = (p - m1) / s1 = x2 * s2 / s1 + (m2 - m1) / s1
