@@ -187,3 +187,29 @@ def test_a_17_keypoint_model_runs_pose_and_says_what_it_cannot_give(v1_dir: Path
     assert len(rows) == 1 + 17 and rows[1].split(",")[3] == "nose"
     assert json.loads(files["pose.json"].read_text())["keypoint_set"] == "coco17"
     assert result.render().shape == photo.shape
+
+
+def test_depth_is_a_task_with_relative_depth_files(v1_dir: Path, tmp_path: Path) -> None:
+    from v1_models import save_v1
+
+    from sapiens2.tasks import registry
+
+    task = registry.get("depth")
+    assert task.spec.repo_id("v1-2b") == "facebook/sapiens-depth-2b-torchscript"
+    assert all(zoo.is_v1(s) for s in task.spec.sizes)
+    seg = sapiens2.pipeline("seg", checkpoint=v1_dir / "sapiens_tiny_seg_torchscript.pt2", device="cpu")
+    pipe = sapiens2.pipeline("depth", checkpoint=save_v1("depth", tmp_path), device="cpu", seg=seg)
+    photo = np.random.default_rng(2).integers(0, 256, (200, 150, 3), dtype=np.uint8)
+    result = pipe(photo, use_segmentation=False)  # the tiny graph's depth: every sign, no person
+    assert result.depth.shape == (200, 150) and result.depth.dtype == np.float32
+    assert any("relative, not metric" in n for n in result.notices)
+    files = {p.name.removeprefix("image"): p for p in result.save(tmp_path)}
+    assert np.array_equal(np.load(files["_depth.npy"]), result.depth)  # raw, before masking
+    png16 = cv2.imread(str(files["_depth16.png"]), cv2.IMREAD_UNCHANGED)
+    assert png16.dtype == np.uint16 and np.array_equal(png16 > 0, result.mask)
+    if result.mask.sum() > 1:
+        lo, hi = result.range()
+        assert png16[result.mask].min() == 1 and png16[result.mask].max() == 65535 and hi > lo
+    assert result.render().shape == photo.shape
+    with_seg = pipe(photo)  # the borrowed v1 seg gives the foreground (its class > 0)
+    assert with_seg.mask.sum() <= result.mask.sum()

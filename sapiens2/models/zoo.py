@@ -228,6 +228,8 @@ TASKS: dict[str, TaskSpec] = {
             "NormalOutput",
         ),
         TaskSpec("pointmap", _SIZES4, "pointmap", "1b", "0.4b", "conv_pointmap", "PointmapOutput"),
+        # Sapiens v1 only (relative depth): its 1b and 2b repos were seen, 0.3b/0.6b presumed
+        TaskSpec("depth", _v1(*_V1_ALL), "v1", "v1-1b", "v1-1b", "conv_depth", "DepthOutput"),
         TaskSpec("matting", ("1b",), "pixel_shuffle", "1b", "1b", "conv_matting", "MattingOutput"),
         # the release ships albedo; its weights are not on the Hub yet (local checkpoints only)
         TaskSpec("albedo", _SIZES4, "pixel_shuffle", "1b", "0.4b", "conv_albedo", on_hub=False),
