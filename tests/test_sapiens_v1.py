@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import cv2
@@ -47,7 +48,9 @@ def test_format_is_read_from_the_bytes_not_the_name(v1_dir: Path, tmp_path: Path
     junk = tmp_path / "junk.pt2"
     junk.write_bytes(b"\x00" * 64)
     with pytest.raises(CheckpointError, match="not a checkpoint this package reads"):
-        load_model("seg", checkpoint=junk, device="cpu")
+        v1_files.file_format(junk)
+    with pytest.raises(CheckpointError, match="pickled torch.save checkpoint is not read"):
+        load_model("seg", checkpoint=pickled, device="cpu")
 
 
 def test_normalisation_is_v1s_mean_and_std_on_rgb(v1_dir: Path) -> None:
@@ -213,3 +216,23 @@ def test_depth_is_a_task_with_relative_depth_files(v1_dir: Path, tmp_path: Path)
     assert result.render().shape == photo.shape
     with_seg = pipe(photo)  # the borrowed v1 seg gives the foreground (its class > 0)
     assert with_seg.mask.sum() <= result.mask.sum()
+
+
+def test_results_are_marked_and_the_about_names_both_licences(v1_dir: Path) -> None:
+    from sapiens2.serving.present import what_ran
+    from sapiens2.tasks import registry
+    from sapiens2.ui.layout import about_markdown
+
+    assert zoo.V1_RULES.mark("v1-1b-bf16") == "Sapiens v1 · 1b · CC-BY-NC-4.0"
+    assert zoo.SAPIENS2_RULES.mark("1b") == ""  # Sapiens2 results read as before
+    pipe = sapiens2.pipeline(
+        "normal", checkpoint=v1_dir / "sapiens_tiny_normal_torchscript.pt2", device="cpu"
+    )
+    result = pipe(np.zeros((64, 48, 3), np.uint8))
+    assert result.normals.shape == (64, 48, 3)
+    assert result.info.mark == "Sapiens v1 · custom · CC-BY-NC-4.0"
+    line = what_ran("Normals", replace(result.info, size="v1-1b"))
+    assert line == "Normals (v1-1b model on the CPU) · Sapiens v1 · custom · CC-BY-NC-4.0"
+    about = about_markdown(registry.all_tasks())
+    assert "CC-BY-NC-4.0" in about and zoo.WEIGHTS_LICENSE in about and "Depth (v1)" in about
+    assert "| 0.4b |" in about and "v1-0.3b |" not in about  # the backbone table stays Sapiens2's

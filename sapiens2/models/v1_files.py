@@ -75,7 +75,14 @@ def is_graph_checkpoint(checkpoint: str | os.PathLike | None) -> bool:
     path = Path(checkpoint).expanduser()
     if path.is_dir():
         return bool(list(path.glob("*.pt2"))) and not list(path.glob("*.safetensors"))
-    return path.is_file() and file_format(path) != SAFETENSORS
+    if not path.is_file():
+        return False
+    try:
+        return file_format(path) != SAFETENSORS
+    except CheckpointError:
+        if zipfile.is_zipfile(path):
+            raise  # a pickled torch.save archive: say so, never read it
+        return False  # damaged or foreign: the safetensors reader names what is wrong
 
 
 def wants_v1(size: str | None, checkpoint: str | os.PathLike | None) -> bool:

@@ -82,7 +82,8 @@ class Presented:
 def what_ran(tab: str, info: Any) -> str:
     """``Pose (0.4b model on the CPU)``: a task's tab label and its result's ``RunInfo``."""
     where = "CPU" if str(info.device).startswith("cpu") else "GPU"
-    return f"{tab} ({info.size or 'custom'} model on the {where})"
+    mark = getattr(info, "mark", "")  # a Sapiens v1 model: "· Sapiens v1 · 1b · CC-BY-NC-4.0"
+    return f"{tab} ({info.size or 'custom'} model on the {where})" + (f" · {mark}" if mark else "")
 
 
 def run_info(

@@ -43,11 +43,15 @@ class RunInfo:
     #: perf_counter() when the first forward started: splits total_s into before / after the
     #: model for stage timing (bench/request.py) without timers inside the pipelines
     forward_started: float | None = None
+    #: the model's generation, size and licence where the page marks it ("Sapiens v1 · 1b ·
+    #: CC-BY-NC-4.0"); empty for Sapiens2 (``sapiens2.models.zoo.Rules.mark``)
+    mark: str = ""
 
     def head(self) -> str:
         """How the result was made (model, device, dtype, model seconds), without the total."""
         size = self.size or "custom"
-        return f"{self.task} {size} · {self.device} · {self.dtype} · model {self.model_s:.2f} s"
+        mark = f" · {self.mark}" if self.mark else ""
+        return f"{self.task} {size}{mark} · {self.device} · {self.dtype} · model {self.model_s:.2f} s"
 
     def line(self) -> str:
         return f"{self.head()} · total {self.total_s:.2f} s"
@@ -208,7 +212,8 @@ class Pipeline:
         return load_image(image, max_side=self.max_side)
 
     def run_info(self) -> RunInfo:
-        return RunInfo(self.task, self.size, str(self.device), str(self.dtype).replace("torch.", ""))
+        dtype = str(self.dtype).replace("torch.", "")
+        return RunInfo(self.task, self.size, str(self.device), dtype, mark=self.rules.mark(self.size))
 
     def timed_forward(self, info: RunInfo, pixel_values: torch.Tensor) -> Any:
         """One model forward, its time added to ``info.model_s`` (synchronised on CUDA)."""
