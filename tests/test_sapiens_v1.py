@@ -77,6 +77,9 @@ def test_torchscript_and_exported_program_give_typed_outputs(v1_dir: Path) -> No
     out = features(torch.zeros(1, 3, 1024, 1024))
     assert out.patch_features.shape == (1, 8, 64, 64)
     assert torch.allclose(out.cls_embedding, out.patch_features.mean((2, 3)))
+    wrong = load_model("normal", checkpoint=v1_dir / "sapiens_tiny_seg_torchscript.pt2", device="cpu")
+    with pytest.raises(CheckpointError, match="a Sapiens v1 normal model gives 3 channels"):
+        wrong(torch.zeros(1, 3, 1024, 768))
 
 
 def test_seg_stretches_bilinearly_and_never_says_eyeglass(v1_dir: Path) -> None:
@@ -236,3 +239,21 @@ def test_results_are_marked_and_the_about_names_both_licences(v1_dir: Path) -> N
     about = about_markdown(registry.all_tasks())
     assert "CC-BY-NC-4.0" in about and zoo.WEIGHTS_LICENSE in about and "Depth (v1)" in about
     assert "| 0.4b |" in about and "v1-0.3b |" not in about  # the backbone table stays Sapiens2's
+
+
+def test_a_server_runs_v1_files_given_by_the_operator(v1_dir: Path, tmp_path: Path) -> None:
+    """The operator's --checkpoint (here a depth and a seg v1 file) through the model cache and
+    the request runner: the result is marked, depth borrows the v1 seg for its foreground."""
+    from v1_models import save_v1
+
+    from sapiens2 import serving
+    from sapiens2.tasks import registry
+
+    checkpoints = {"depth": save_v1("depth", tmp_path), "seg": v1_dir / "sapiens_tiny_seg_torchscript.pt2"}
+    runner = serving.RequestRunner(serving.ModelManager(device="cpu", checkpoints=checkpoints),
+                                   serving.RequestFolders(tmp_path / "requests"))  # fmt: skip
+    photo = np.random.default_rng(3).integers(0, 256, (120, 90, 3), dtype=np.uint8)
+    shown = runner.run(registry.get("depth"), photo)
+    assert "Sapiens v1 · custom · CC-BY-NC-4.0" in shown.what
+    assert {p.name.removeprefix("image") for p in shown.files} >= {"_depth.npy", "_depth16.png"}
+    assert shown.views[0]["relative"] is True

@@ -15,11 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import CheckpointError
 from .nn.outputs import FeaturesOutput, TaskOutput, output_type
 from .zoo import SAPIENS2_RULES, Rules
 
 #: the logit given to a class the model has no channel for: below any real logit, finite (softmax-safe)
 MISSING_LOGIT = -1.0e4
+#: output channels a v1 graph of each output type gives (SAPIENS_V1_SPEC.md 1.2): a file given
+#: for the wrong task is named at its first forward instead of giving nonsense
+V1_CHANNELS = {"PoseOutput": (17, 133, 308), "SegOutput": (28,), "NormalOutput": (3,), "DepthOutput": (1,)}
 
 
 class V1Model(nn.Module):
@@ -79,6 +83,13 @@ class V1Model(nn.Module):
 
     def _typed(self, out: torch.Tensor) -> TaskOutput:
         cls = output_type(self.output_name)
+        want = V1_CHANNELS.get(self.output_name)
+        if want is not None and (out.ndim != 4 or out.shape[1] not in want):
+            raise CheckpointError(
+                f"{getattr(self, 'checkpoint_path', 'This v1 file')} gives an output of shape "
+                f"{tuple(out.shape)}; a Sapiens v1 {self.task} model gives {' or '.join(map(str, want))} "
+                "channels. Pass the file for this task."
+            )
         if cls is FeaturesOutput:  # v1 exports the patch grid only: its mean stands in for a CLS token
             return FeaturesOutput(cls_embedding=out.mean(dim=(-2, -1)), patch_features=out)
         for index in self.rules.seg_missing if self.output_name == "SegOutput" else ():
