@@ -3,10 +3,12 @@
 pose model, random weights, 1024x768, batch 1. Not a test: numbers depend on the machine.
 
     python bench/v1_forward.py --runs 2 --out /tmp/v1bench
+    python bench/v1_forward.py --layers 2 --runs 1   # the same widths, 2 of the 24 layers (a busy CPU)
 
 The v1 graph is a plain ViT of the spec's 0.3b shape (1024 wide, 24 layers, 16 heads, FFN 4096,
 class token, absolute position embedding, LayerNorm, GELU) with v1's pose head (deconvs 768, 768;
-1x1 convs 768, 768; 308 heatmaps); the ExportedProgram runs in bfloat16 as the v1 demos run it.
+1x1 convs 768, 768; 308 heatmaps); the ExportedProgram runs in float32 (the package's CPU
+default) and in bfloat16 (the v1 demos' precision).
 """
 
 from __future__ import annotations
@@ -88,15 +90,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("/tmp/v1bench"))
+    ap.add_argument("--layers", type=int, default=24, help="backbone layers of both models (published: 24)")
     args = ap.parse_args()
+    args.out = args.out / f"layers{args.layers}"
     args.out.mkdir(parents=True, exist_ok=True)
     x = torch.randn(1, 3, 1024, 768)
     torch.manual_seed(0)
     ts, ep = args.out / "sapiens_0.3b_bench_torchscript.pt2", args.out / "sapiens_0.3b_bench_bfloat16.pt2"
     if not ts.exists() or not ep.exists():
-        ref = V1Pose().eval()
+        ref = V1Pose(layers=args.layers).eval()
         with torch.no_grad():
-            torch.jit.save(torch.jit.trace(ref, x), str(ts))
+            torch.jit.save(torch.jit.trace(ref, x, check_trace=False), str(ts))
             torch.export.save(torch.export.export(ref, (x,)), str(ep))
         del ref
     s2 = args.out / "sapiens2_0.4b_pose"
@@ -104,15 +108,17 @@ def main() -> None:
         from tiny_checkpoints import make_tiny_checkpoint
 
         make_tiny_checkpoint(
-            "pose", s2, hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-            num_attention_heads=16, num_key_value_attention_heads=8, num_first_full_attention_layers=8,
-            num_last_full_attention_layers=8,
+            "pose", s2, hidden_size=1024, intermediate_size=4096, num_hidden_layers=args.layers,
+            num_attention_heads=16, num_key_value_attention_heads=8,
+            num_first_full_attention_layers=min(8, args.layers // 2),
+            num_last_full_attention_layers=min(8, args.layers - args.layers // 2),
             head_config={"upsample_out_channels": [1024, 768], "conv_out_channels": [512, 512, 256]},
         )  # fmt: skip
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load average {os.getloadavg()}")
-    for name, path in (("v1 0.3b TorchScript fp32", ts), ("v1 0.3b ExportedProgram bf16", ep),
-                       ("Sapiens2 0.4b fp32", s2)):  # fmt: skip
-        model = load_model("pose", checkpoint=path, device="cpu")
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, layers {args.layers}, "
+          f"load average {os.getloadavg()}")  # fmt: skip
+    for name, path, dtype in (("v1 0.3b TorchScript fp32", ts, None), ("v1 0.3b ExportedProgram fp32", ep, None),
+                              ("v1 0.3b ExportedProgram bf16", ep, "bf16"), ("Sapiens2 0.4b fp32", s2, None)):  # fmt: skip
+        model = load_model("pose", checkpoint=path, device="cpu", dtype=dtype)
         seconds = timed(model, x, args.runs)
         print(f"{name}: size {model.size}, median {statistics.median(seconds):.2f} s per forward "
               f"({', '.join(f'{s:.2f}' for s in seconds)}); load average now {os.getloadavg()[0]:.1f}")  # fmt: skip

@@ -81,7 +81,7 @@ def load_model(
     if checkpoint is None and size is None:
         size = spec.default_size(dev.type == "cuda")
     if wants_v1(size, checkpoint):  # a Sapiens v1 TorchScript / ExportedProgram file (models/v1_files.py)
-        return load_v1_model(task, size, checkpoint, dev)
+        return load_v1_model(task, size, checkpoint, dev, dtype)
 
     path = resolve_checkpoint(task, size, checkpoint)
     shapes = read_header(path)

@@ -166,9 +166,12 @@ def load_v1_model(
     size: str | None,
     checkpoint: str | os.PathLike | None,
     device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> V1Model:
-    """A ready v1 model. TorchScript runs in float32, an ExportedProgram in bfloat16 (as the v1
-    demos run them); the size is the zoo's, or read from the file's width (None: a custom file)."""
+    """A ready v1 model. TorchScript runs in float32 as the v1 demos run it (a traced graph may
+    hold float32 constants: it is not cast); an ExportedProgram in ``dtype`` (``load_model``'s
+    default: bfloat16 on CUDA as the demos, float32 on a CPU, where bfloat16 is emulated and
+    slower). The size is the zoo's, or read from the file's width (None: a custom file)."""
     spec = get_task(task)
     path = find_v1_file(task, size, checkpoint)
     size = size if is_v1(size) else None  # a Sapiens2 size given with a v1 file checks nothing
@@ -176,7 +179,7 @@ def load_v1_model(
     if fmt == SAFETENSORS:
         raise CheckpointError(f"{path} is a safetensors file, not a Sapiens v1 .pt2 file; give no v1 size.")
     with cuda_emulation():
-        graph, batch = _load_graph(path, fmt, device)
+        graph, batch = _load_graph(path, fmt, device, dtype)
     found = _size_of(graph, fmt)
     if size is not None and found is not None and v1_parts(size)[0] != found:
         raise CheckpointError(f"{path} is a Sapiens v1 {found} model, not {size}.")
@@ -204,12 +207,14 @@ def _keypoints_named(name: str) -> int | None:
     return None
 
 
-def _load_graph(path: Path, fmt: str, device: torch.device) -> tuple[torch.nn.Module, int | None]:
+def _load_graph(
+    path: Path, fmt: str, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.nn.Module, int | None]:
     try:
         if fmt == TORCHSCRIPT:
             return torch.jit.load(str(path), map_location=device).eval(), None
         program = torch.export.load(str(path))
-        graph = program.module().to(device=device, dtype=torch.bfloat16)
+        graph = program.module().to(device=device, dtype=dtype)
         return graph, _fixed_batch(graph)
     except torch.OutOfMemoryError:
         raise
