@@ -115,9 +115,9 @@ def test_bad_background_option_is_explained(tmp_path, capsys):
 
 def test_unknown_task_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["depth", "x.png"])
+        main(["height", "x.png"])
     assert exc.value.code == 2
-    assert "invalid choice: 'depth'" in capsys.readouterr().err
+    assert "invalid choice: 'height'" in capsys.readouterr().err
 
 
 def test_find_images_and_unique_folder(tmp_path):

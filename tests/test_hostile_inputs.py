@@ -495,7 +495,7 @@ def test_matting_background_of_another_size_and_mode(manager, background, tmp_pa
         ),
         (lambda: pipeline("matting", "0.4b"), r"choose one of: 1b\."),
         (lambda: pipeline("pose", "0.1b"), r"choose one of: 0\.4b, 0\.8b, 1b, 5b"),
-        (lambda: pipeline("depth"), r"Unknown task 'depth'; choose one of: pose, seg"),
+        (lambda: pipeline("height"), r"Unknown task 'height'; choose one of: pose, seg"),
         (
             lambda: one_request.split_options("pose", {"threshold": 1.5}),
             r"'threshold' must be a number from 0 to 1; got 1\.5",

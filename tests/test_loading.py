@@ -127,8 +127,8 @@ def test_missing_explicit_checkpoint(tmp_path: Path) -> None:
 
 
 def test_unknown_task_and_size() -> None:
-    with pytest.raises(OptionError, match="Unknown task 'depth'; choose one of: pose"):
-        sapiens2.load_model("depth")
+    with pytest.raises(OptionError, match="Unknown task 'height'; choose one of: pose"):
+        sapiens2.load_model("height")
     with pytest.raises(OptionError, match="Size '0.1b' does not exist for pose; choose one of: 0.4b"):
         sapiens2.load_model("pose", "0.1b")
 

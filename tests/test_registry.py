@@ -122,7 +122,7 @@ def test_builtin_tasks_are_declared_in_the_zoo_order_and_shown_when_their_weight
     assert registry.get("features").spec.release == "pretrain"  # one name; the release's files keep theirs
     names = ", ".join(shown)
     with pytest.raises(OptionError, match=f"choose one of: {names}"):
-        registry.get("depth")
+        registry.get("height")
 
 
 def test_each_task_module_is_found_and_the_model_layer_reads_the_zoo_rows() -> None:

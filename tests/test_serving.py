@@ -235,7 +235,7 @@ def test_size_not_offered_names_the_sizes() -> None:
     with pytest.raises(OptionError, match=r"choose one of: 1b"):
         manager.resolve_size(T("matting"), "0.4b")
     with pytest.raises(OptionError, match="pose, seg, normal"):
-        manager.get(T("depth"))
+        manager.get(T("height"))
     assert manager.loads == 0
 
 

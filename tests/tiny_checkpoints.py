@@ -24,6 +24,8 @@ TASK_NAMES = ("pose", "seg", "normal", "pointmap", "matting", "features")
 #: Tasks of the release that transformers lacks: their tiny checkpoint is the tiny normal backbone
 #: plus a reference head written here from the spec, in the release's key names.
 RELEASE_ONLY = ("albedo",)
+#: Tasks with Sapiens v1 weights only (no Sapiens2 checkpoint): a tiny v1 TorchScript file instead.
+V1_ONLY = ("depth",)
 
 #: The tiny backbone: 4 layers, the middle two GQA (4 query heads, 2 kv heads), head_dim 16.
 TINY_BACKBONE: dict[str, Any] = {
@@ -131,6 +133,11 @@ def make_tiny_checkpoint(task: str, folder: Path, *, seed: int = 0, **overrides:
     folder.mkdir(parents=True, exist_ok=True)
     if task in RELEASE_ONLY:
         return _release_only_checkpoint(task, folder, seed)
+    if task in V1_ONLY:  # a tiny v1-shaped TorchScript graph (tests/v1_models.py), the folder's one .pt2
+        from v1_models import save_v1
+
+        save_v1(task, folder)
+        return folder
     make_tiny_model(task, seed=seed, **overrides).save_pretrained(folder)
     return folder
 
@@ -139,7 +146,7 @@ def all_task_names() -> tuple[str, ...]:
     """Every zoo task (the registry's rows): each has a tiny checkpoint maker here."""
     from sapiens2.models.zoo import TASKS
 
-    missing = set(TASKS) - set(TASK_NAMES) - set(RELEASE_ONLY)
+    missing = set(TASKS) - set(TASK_NAMES) - set(RELEASE_ONLY) - set(V1_ONLY)
     assert not missing, f"no tiny checkpoint for {sorted(missing)}: add one to tests/tiny_checkpoints.py"
     return tuple(TASKS)
 

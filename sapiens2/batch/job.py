@@ -116,7 +116,7 @@ def model_plan(task: Task, size: str | None, checkpoint: str | Path | None, gpu:
 
     path = Path(checkpoint).expanduser()
     info = describe_checkpoint(path)
-    if info["task"] != spec.name:
+    if info["task"] not in (None, spec.name):  # None: a v1 graph, whose task only its output says
         raise CheckpointError(f"{path} is a {info['task']} checkpoint, not a {spec.name} one.")
     conflict = checkpoint_size_conflict(info["size"], size)
     if conflict is not None:

@@ -6,11 +6,13 @@ Every row has ``source`` (the input's path or URI), ``error`` (null when it work
 compact:
 
 * pose: ``keypoints`` (people x 308 x 2, x then y in photo pixels), ``scores`` (people x 308),
-  ``boxes`` (people x 4, x1 y1 x2 y2), ``box_scores``, ``detection`` (how people were found);
+  ``boxes`` (people x 4, x1 y1 x2 y2), ``box_scores``, ``detection`` (how people were found),
+  ``keypoint_set`` (a Sapiens v1 17/133 model's points are lifted into the 308 layout);
 * seg: ``labels_png``, the class ids (0-28) as a one-channel 8-bit PNG;
 * normal, pointmap, albedo, matting: photo-size arrays as ``.npy`` bytes in float16
   (:func:`read_array`), compressed by Parquet (zstd), with the person mask as a PNG where there
   is one; pointmap adds ``scale`` and the focal lengths;
+* depth (Sapiens v1): ``depth``, relative depth as float32 ``.npy`` bytes, and ``mask_png``;
 * features: ``embedding``, the backbone's CLS vector.
 
 Why arrays inside the table and not files beside it: a part of the table is committed in one
@@ -150,6 +152,7 @@ def _pose(result: Any) -> dict[str, Any]:
         "boxes": result.boxes,
         "box_scores": result.box_scores,
         "detection": result.detection_source,
+        "keypoint_set": getattr(result, "keypoint_set", "goliath308"),  # a v1 17/133 model's, lifted
     }
 
 
@@ -175,6 +178,10 @@ def _pointmap(result: Any) -> dict[str, Any]:
     }
 
 
+def _depth(result: Any) -> dict[str, Any]:
+    return {"depth": npy_bytes(result.depth, np.float32), "mask_png": _mask(result.mask)}
+
+
 def _matting(result: Any) -> dict[str, Any]:
     return {"alpha": npy_bytes(result.alpha), "foreground": npy_bytes(result.foreground)}
 
@@ -198,6 +205,7 @@ RECORDS: dict[str, Record] = {
             pa.field("boxes", _tensor(4)),
             pa.field("box_scores", pa.list_(pa.float32())),
             pa.field("detection", pa.string()),
+            pa.field("keypoint_set", pa.string()),
         ),
         _pose,
     ),
@@ -214,6 +222,7 @@ RECORDS: dict[str, Record] = {
         _pointmap,
         DENSE_ROWS,
     ),
+    "depth": Record((pa.field("depth", _ARRAY), pa.field("mask_png", pa.binary())), _depth, DENSE_ROWS),
     "matting": Record((pa.field("alpha", _ARRAY), pa.field("foreground", _ARRAY)), _matting, DENSE_ROWS),
     "albedo": Record((pa.field("albedo", _ARRAY), pa.field("mask_png", pa.binary())), _albedo, DENSE_ROWS),
     "features": Record((pa.field("embedding", pa.list_(pa.float32())),), _features),

@@ -127,6 +127,27 @@ def letterbox_release(img: np.ndarray, hw: tuple[int, int] = INPUT_SIZE) -> tupl
     return canvas, pad
 
 
+def stretch_linear(img: np.ndarray, hw: tuple[int, int] = INPUT_SIZE) -> np.ndarray:
+    """(H, W, 3) uint8 -> ``hw`` uint8, aspect ignored, ``cv2.INTER_LINEAR`` (Sapiens v1's dense
+    and pretrain input: SAPIENS_V1_SPEC.md 3.1)."""
+    return cv2.resize(np.ascontiguousarray(img), (hw[1], hw[0]), interpolation=cv2.INTER_LINEAR)
+
+
+def dense_input(
+    img: np.ndarray, hw: tuple[int, int], resize: str, *, letterbox: bool = False
+) -> tuple[np.ndarray, PadInfo]:
+    """The network input of a dense task under a generation's ``Rules.dense_resize``: "release"
+    = Sapiens2's (seg's stretch, or the letterbox for the tasks that ask), "stretch" = the whole
+    photo bilinearly (no padding: the returned geometry covers the canvas)."""
+    if resize == "stretch":
+        return stretch_linear(img, hw), PadInfo(0, 0, tuple(hw), tuple(hw), tuple(img.shape[:2]))
+    if resize != "release":
+        raise OptionError(f"Unknown dense resize rule {resize!r}; choose release or stretch.")
+    if letterbox:
+        return letterbox_release(img, hw)
+    return stretch_release(img, hw), PadInfo(0, 0, tuple(hw), tuple(hw), tuple(img.shape[:2]))
+
+
 def stretch_antialiased(img: np.ndarray, hw: tuple[int, int] = INPUT_SIZE) -> np.ndarray:
     """(H, W, 3) uint8 -> ``hw`` uint8 the way transformers' Sapiens2 processor does (matting's
     only published path): torchvision's bilinear resize with antialias on the uint8 image, which
@@ -183,6 +204,7 @@ __all__ = [
     "PadInfo",
     "check_input_hw",
     "crop_padding",
+    "dense_input",
     "letterbox_release",
     "network_batch",
     "normalize",
@@ -190,6 +212,7 @@ __all__ = [
     "resize_hwc",
     "resize_to",
     "stretch_antialiased",
+    "stretch_linear",
     "stretch_release",
     "to_device",
 ]

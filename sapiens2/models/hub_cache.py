@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .zoo import DETECTOR, TASKS
+from .zoo import DETECTOR, TASKS, is_v1
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,9 @@ def preload_from_hub() -> list[str]:
     lines = [
         f"{spec.repo_id(spec.default_size_gpu)} {spec.filename(spec.default_size_gpu)}"
         for spec in TASKS.values()
-        if spec.on_hub  # a task with local weights only (albedo) adds nothing to the Space's preload
+        # a task with local weights only (albedo) or a Sapiens v1 default (depth: downloaded on
+        # first use) adds nothing to the Space's preload
+        if spec.on_hub and not is_v1(spec.default_size_gpu)
     ]
     return [*lines, f"{DETECTOR.repo_id} {DETECTOR.filename},config.json"]  # the detector reads its config
 

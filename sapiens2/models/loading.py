@@ -26,6 +26,7 @@ from ..zerogpu.entry import cuda_emulation
 from .nn.backbone import fuse_qkv_in_state
 from .nn.model import IGNORED_KEYS, ArchInfo, arch_from_shapes, build_from_shapes, expected_keys
 from .onnx_runtime import is_onnx
+from .v1_files import describe_v1_file, is_graph_checkpoint, load_v1_model, wants_v1
 from .weights import ENV_VAR, _pick_in_folder, find_weights, local_root, read_header
 from .zoo import get_task
 
@@ -86,6 +87,8 @@ def load_model(
         )
     if checkpoint is None and size is None:
         size = spec.default_size(dev.type == "cuda")
+    if wants_v1(size, checkpoint):  # a Sapiens v1 TorchScript / ExportedProgram file (models/v1_files.py)
+        return load_v1_model(task, size, checkpoint, dev, dtype)
 
     path = resolve_checkpoint(task, size, checkpoint)
     shapes = read_header(path)
@@ -129,6 +132,8 @@ def describe_checkpoint(path: str | os.PathLike) -> dict[str, object]:
 
         return describe_onnx(path)
     path = Path(path)
+    if is_graph_checkpoint(path):  # a v1 graph: what its name and bytes say, without loading it
+        return describe_v1_file(path)
     if path.is_dir():
         path = _pick_in_folder(path, ())
     try:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.metadata import FLIP_INDEX, NUM_KEYPOINTS
+from ..data.keypoint_sets import keypoint_set
 from ..errors import OptionError
 
 #: The score of a point whose map has no located peak (its step is singular or leaves the reach):
@@ -263,15 +263,12 @@ def decode_crops(
     heatmaps: torch.Tensor, flip_test: bool, crop_hw: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A forward's heatmaps of N crops (2N with ``flip_test``: the mirrored crops after the plain
-    ones) -> (N, 308, 2) keypoints in crop pixels, (N, 308) scores and (N,) counts of non-finite
+    ones) -> (N, K, 2) keypoints in crop pixels, (N, K) scores (K: the model's keypoint set) and (N,) counts of non-finite
     heatmaps. Decoding runs in float32 on the heatmaps' device; only the final arrays come back."""
     # float32 before the flip average and the decoding: a bf16 model's heatmaps hold 8
     # significant bits, which the averaging and DARK's log-derivatives must not lose more of
     heatmaps = heatmaps.float()
-    if heatmaps.shape[1] != NUM_KEYPOINTS:
-        raise OptionError(
-            f"The pose model returned {heatmaps.shape[1]} heatmaps; this pipeline expects {NUM_KEYPOINTS}."
-        )
+    kset = keypoint_set(heatmaps.shape[1])  # 308, or a Sapiens v1 model's 17 / 133
     p = heatmaps.shape[0] // 2 if flip_test else heatmaps.shape[0]
     # maps holding NaN/inf, per crop (the decoder treats those values as 0)
     # (a map's max is NaN or +inf, or its min -inf; amin/amax are one vectorised pass each)
@@ -279,7 +276,7 @@ def decode_crops(
     bad = (~(torch.isfinite(maps.amax(-1)) & torch.isfinite(maps.amin(-1)))).sum(1)
     if flip_test:
         bad = bad[:p] + bad[p:]
-        heatmaps = merge_flip(heatmaps[:p], heatmaps[p:], FLIP_INDEX)
+        heatmaps = merge_flip(heatmaps[:p], heatmaps[p:], kset.flip_index)
     kp_hm, scores, _ = decode_checked(heatmaps)
     kp_crop = heatmap_to_crop(kp_hm, tuple(heatmaps.shape[-2:]), crop_hw)
     return kp_crop.cpu().numpy(), scores.cpu().numpy().astype(np.float32), bad.cpu().numpy()

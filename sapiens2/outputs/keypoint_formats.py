@@ -114,6 +114,7 @@ def coco_wholebody_json(
     threshold: float = 0.3,
     image_id: int = 0,
     extra: Sequence[dict[str, Any]] | None = None,
+    points133: tuple[Any, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """COCO-WholeBody results: one entry per person (see the module docstring).
 
@@ -121,9 +122,15 @@ def coco_wholebody_json(
     people by ``score``), ``score`` being the mean score of the points at or above ``threshold``
     (0 if none), times the box score when given. ``face_kpts_derived``: 1 for a face point that
     is not one named 308 point (:mod:`sapiens2.data.face68`). ``extra``: fields added per person
-    (e.g. a clip's ``track_id``)."""
-    xy, s = WHOLEBODY(keypoints, scores)
-    flags = [int(d) for d in WHOLEBODY.derived[slice(*COCO_WHOLEBODY_PARTS["face_kpts"])]]
+    (e.g. a clip's ``track_id``). ``points133``: a 133-keypoint model's own (P, 133, 2) points and
+    (P, 133) scores, written as they are (none derived) instead of those made from the 308."""
+    if points133 is None:
+        xy, s = WHOLEBODY(keypoints, scores)
+        flags = [int(d) for d in WHOLEBODY.derived[slice(*COCO_WHOLEBODY_PARTS["face_kpts"])]]
+    else:
+        xy = np.asarray(points133[0], np.float64).reshape(-1, len(COCO_WHOLEBODY_NAMES), 2)
+        s = np.asarray(points133[1], np.float64).reshape(xy.shape[0], len(COCO_WHOLEBODY_NAMES))
+        flags = [0] * (COCO_WHOLEBODY_PARTS["face_kpts"][1] - COCO_WHOLEBODY_PARTS["face_kpts"][0])
     out = []
     for p in range(xy.shape[0]):
         with np.errstate(invalid="ignore"):
@@ -157,17 +164,23 @@ def _num(v: float, nd: int) -> str:
 
 
 def csv_rows(
-    image: str, keypoints: Any, scores: Any, people: Sequence[int] | None = None, lead: Sequence[Any] = ()
+    image: str,
+    keypoints: Any,
+    scores: Any,
+    people: Sequence[int] | None = None,
+    lead: Sequence[Any] = (),
+    names: Sequence[str] = KEYPOINT_NAMES,
 ) -> Iterable[list[Any]]:
-    """One row per person and 308 keypoint: ``image, *lead, person, id, name, x, y, score``
-    (coordinates 2 decimals, scores 4; not finite: empty)."""
-    kp = np.asarray(keypoints, dtype=np.float64).reshape(-1, NUM_KEYPOINTS, 2)
-    sc = np.asarray(scores, dtype=np.float64).reshape(kp.shape[0], NUM_KEYPOINTS)
+    """One row per person and keypoint of ``names`` (the 308, or a v1 model's own set):
+    ``image, *lead, person, id, name, x, y, score`` (coordinates 2 decimals, scores 4; not
+    finite: empty)."""
+    kp = np.asarray(keypoints, dtype=np.float64).reshape(-1, len(names), 2)
+    sc = np.asarray(scores, dtype=np.float64).reshape(kp.shape[0], len(names))
     ids = range(kp.shape[0]) if people is None else people
     for p, pid in enumerate(ids):
-        for k in range(NUM_KEYPOINTS):
+        for k, name in enumerate(names):
             x, y = kp[p, k]
-            yield [image, *lead, pid, k, KEYPOINT_NAMES[k], _num(x, 2), _num(y, 2), _num(sc[p, k], 4)]
+            yield [image, *lead, pid, k, name, _num(x, 2), _num(y, 2), _num(sc[p, k], 4)]
 
 
 def write_csv(
@@ -185,12 +198,19 @@ def write_csv(
 
 
 def write_keypoints_csv(
-    path: str | Path, image: str, keypoints: Any, scores: Any, *, writer: Writer = NOW
+    path: str | Path,
+    image: str,
+    keypoints: Any,
+    scores: Any,
+    *,
+    writer: Writer = NOW,
+    names: Sequence[str] = KEYPOINT_NAMES,
 ) -> Path:
-    """``<photo>_keypoints.csv``: image, person, keypoint_id, name, x, y, score."""
+    """``<photo>_keypoints.csv``: image, person, keypoint_id, name, x, y, score (per keypoint of
+    ``names``: the 308, or a v1 model's own set)."""
     kp = np.array(keypoints, dtype=np.float64)  # a copy: a pooled write must not see later edits
     sc = np.array(scores, dtype=np.float64)
-    return write_csv(path, PHOTO_COLUMNS, csv_rows(image, kp, sc), writer=writer)
+    return write_csv(path, PHOTO_COLUMNS, csv_rows(image, kp, sc, names=names), writer=writer)
 
 
 __all__ = [

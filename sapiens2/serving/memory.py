@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import OutOfMemoryError
-from ..models.zoo import TaskSpec
+from ..models.zoo import TaskSpec, is_v1
 
 #: Free heap a server keeps mapped between requests. A request's temporaries then find pages the
 #: process already holds instead of the kernel faulting in (zeroing, and for numpy's huge pages
@@ -130,7 +130,8 @@ def out_of_memory(spec: TaskSpec, size: str) -> OutOfMemoryError:
     """The error for an out-of-memory run of a task (its zoo row), advising a smaller size when one
     exists."""
     sizes = spec.sizes
-    smaller = list(sizes[: sizes.index(size)]) if size in sizes else []
+    # the sizes listed before it, of its own generation (Sapiens2's, or Sapiens v1's ``v1-*``)
+    smaller = [s for s in sizes[: sizes.index(size)] if is_v1(s) == is_v1(size)] if size in sizes else []
     advice = f"choose a smaller size ({', '.join(smaller)})" if smaller else "use a smaller photo"
     return OutOfMemoryError(
         f"Out of GPU memory running {spec.name} {size}. The model cache was trimmed; try again, or {advice}."

@@ -81,7 +81,8 @@ class Presented:
 
 def what_ran(tab: str, info: Any) -> str:
     """``Pose (0.4b model on the CPU)``: a task's tab label and its result's ``RunInfo``."""
-    return running(tab, info.size or "custom", info.device)
+    mark = getattr(info, "mark", "")  # a Sapiens v1 model: "· Sapiens v1 · 1b · CC-BY-NC-4.0"
+    return running(tab, info.size or "custom", info.device) + (f" · {mark}" if mark else "")
 
 
 def running(tab: str, size: str, device: Any, models: str = "model") -> str:

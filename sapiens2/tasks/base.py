@@ -27,7 +27,7 @@ import torch
 
 from ..errors import OptionError
 from ..inputs.intake import DEFAULT_MAX_SIDE, ImageSource, Intake, load_image
-from ..models.zoo import TaskSpec, get_task
+from ..models.zoo import Rules, TaskSpec, get_task
 
 #: A photo enlarged more than this many times to fill the network input gets a notice: at 1024x768
 #: an 8x8 photo is enlarged 96 times, 16x16 48 times; 32x24 (32 times) and larger get none.
@@ -47,11 +47,15 @@ class RunInfo:
     #: perf_counter() when the first forward started: splits total_s into before / after the
     #: model for stage timing (bench/request.py) without timers inside the pipelines
     forward_started: float | None = None
+    #: the model's generation, size and licence where the page marks it ("Sapiens v1 · 1b ·
+    #: CC-BY-NC-4.0"); empty for Sapiens2 (``sapiens2.models.zoo.Rules.mark``)
+    mark: str = ""
 
     def head(self) -> str:
         """How the result was made (model, device, dtype, model seconds), without the total."""
         size = self.size or "custom"
-        return f"{self.task} {size} · {self.device} · {self.dtype} · model {self.model_s:.2f} s"
+        mark = f" · {self.mark}" if self.mark else ""
+        return f"{self.task} {size}{mark} · {self.device} · {self.dtype} · model {self.model_s:.2f} s"
 
     def line(self) -> str:
         return f"{self.head()} · total {self.total_s:.2f} s"
@@ -177,7 +181,14 @@ class Pipeline:
     @property
     def network_hw(self) -> tuple[int, int]:
         """The (H, W) the model is fed: ``input_hw`` or the checkpoint's own input size."""
-        return tuple(self.input_hw or self.spec.input_size(self.size or ""))
+        own = getattr(self.model, "input_hw", None)  # a v1 graph's (its size may be custom)
+        return tuple(self.input_hw or own or self.spec.input_size(self.size or ""))
+
+    @property
+    def rules(self) -> Rules:
+        """The model generation's pre- and post-processing rules (``sapiens2.models.zoo.Rules``):
+        the loaded model's own, else its zoo size's."""
+        return getattr(self.model, "rules", None) or self.spec.rules(self.size)
 
     def small_photo_notices(self, intake: Intake) -> list[str]:
         """A notice when the photo is far below the network input (enlarged more than
@@ -223,7 +234,8 @@ class Pipeline:
         return load_image(image, max_side=self.max_side)
 
     def run_info(self) -> RunInfo:
-        return RunInfo(self.task, self.size, str(self.device), str(self.dtype).replace("torch.", ""))
+        dtype = str(self.dtype).replace("torch.", "")
+        return RunInfo(self.task, self.size, str(self.device), dtype, mark=self.rules.mark(self.size))
 
     def timed_forward(self, info: RunInfo, pixel_values: torch.Tensor) -> Any:
         """One model forward, its time added to ``info.model_s`` (synchronised on CUDA)."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..data.metadata import NUM_KEYPOINTS
+from ..data.keypoint_sets import keypoint_set
 from ..errors import OptionError
 from ..inputs.intake import ImageSource, Intake
 from ..models.cost import Work
@@ -31,7 +31,7 @@ from . import pose_3d
 from .base import Pipeline, RunInfo
 from .options import Option
 from .pose_result import KEYPOINT_FORMATS, PoseResult
-from .pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw
+from .pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw, with_set
 from .registry import Switch, Task, Video, View
 
 if TYPE_CHECKING:
@@ -193,12 +193,15 @@ class PosePipeline(Pipeline):
         share = replace(info, model_s=info.model_s / len(batch))  # the batch's forwards, shared
         in_3d = pose_3d.infer(self.pointmap, [p.pointmap for p in batch])
         raws, start = [], 0
+        kset = keypoint_set(kp.shape[1])  # a v1 model's 17 / 133, lifted into the 308 layout
         for prep, det, pm in zip(batch, found, in_3d, strict=True):
             people = slice(start, start + len(det.boxes))
             start = people.stop
             kp_work = apply_affine(kp[people], crop_geometry(det.boxes, hw).inverse).astype(np.float32)
+            lifted = kset.lift(kp_work, scores[people])
             bad_maps = int(bad[people].sum())
-            raws.append(pose_raw(prep, det, kp_work, scores[people], bad_maps, flip, replace(share), pm))
+            raw = pose_raw(prep, det, *lifted, bad_maps, flip, replace(share), pm)
+            raws.append(with_set(raw, kset, kp_work, scores[people]))
         return raws
 
     def finish(self, raw: PoseRaw, intake: Intake, **_: Any) -> PoseResult:
@@ -206,7 +209,9 @@ class PosePipeline(Pipeline):
         keypoints when the pointmap ran)."""
         notices = notices_once(intake.notices, self.small_photo_notices(intake), raw.notices)
         boxes, keypoints = intake.boxes_to_original(raw.boxes), intake.points_to_original(raw.keypoints)
+        native = None if raw.native is None else (intake.points_to_original(raw.native[0]), raw.native[1])
         return PoseResult(
+            keypoint_set=raw.keypoint_set, native=native,
             image=intake.rgb, info=replace(raw.info), notices=notices, downscaled=intake.downscaled,
             name=intake.name, boxes=boxes, box_scores=raw.box_scores, keypoints=keypoints,
             scores=raw.scores, detection_source=raw.source, num_found=raw.num_found, flip_test=raw.flip_test,
@@ -238,8 +243,8 @@ class PosePipeline(Pipeline):
                            for i, people in people_spans(counts, lo, lo + step)])  # fmt: skip
             parts.append(self._keypoints(x, info, flip, hw))
         if not parts:
-            empty = np.zeros((0, NUM_KEYPOINTS), np.float32)
-            return np.zeros((0, NUM_KEYPOINTS, 2), np.float32), empty, np.zeros(0, np.int64)
+            k = getattr(self.model, "keypoints", None) or 308  # a v1 file's set, when its name says it
+            return np.zeros((0, k, 2), np.float32), np.zeros((0, k), np.float32), np.zeros(0, np.int64)
         kp, scores, bad = zip(*parts, strict=True)
         return np.concatenate(kp), np.concatenate(scores), np.concatenate(bad)
 

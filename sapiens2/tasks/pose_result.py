@@ -44,6 +44,10 @@ class PoseResult(TaskResult):
     num_found: int = 0  # people the detector found before the max_people cap
     flip_test: bool = False
     keypoints_3d: pose_3d.Keypoints3D | None = None  # with the keypoints_3d option
+    #: the model's keypoint set (``sapiens2.data.keypoint_sets``); ``keypoints`` is always the
+    #: 308 layout, a 17 / 133 model's points lifted into it (the others score 0)
+    keypoint_set: str = "goliath308"
+    native: tuple[np.ndarray, np.ndarray] | None = None  # a 17 / 133 model's own points and scores
 
     @property
     def num_people(self) -> int:
@@ -78,6 +82,16 @@ class PoseResult(TaskResult):
             self.keypoints, self.scores, self.boxes, image_size=self._wh(), box_scores=self.box_scores
         )
         out["detection"] = {"source": self.detection_source, "num_found": self.num_found}
+        out["keypoint_set"] = self.keypoint_set
+        if self.native is not None:  # the model's own points besides their 308 lift
+            from ..data.keypoint_sets import BY_NAME
+
+            kset = BY_NAME[self.keypoint_set]
+            out["keypoint_set_points"] = {
+                "names": list(kset.names),
+                "people": [[[round(float(x), 2), round(float(y), 2), round(float(c), 4)]
+                            for (x, y), c in zip(kp, sc, strict=True)] for kp, sc in zip(*self.native, strict=True)],
+            }  # fmt: skip
         out["flip_test"] = self.flip_test
         out["notices"] = list(self.notices)
         return out
@@ -119,7 +133,9 @@ class PoseResult(TaskResult):
         }
         formats = {
             "_coco17.json": coco17_json(kp, sc, self.boxes, image_size=wh, box_scores=bs, threshold=thr),
-            "_coco_wholebody.json": kf.coco_wholebody_json(kp, sc, box_scores=bs, threshold=thr),
+            "_coco_wholebody.json": kf.coco_wholebody_json(
+                kp, sc, box_scores=bs, threshold=thr, points133=self._own(133)
+            ),  # fmt: skip
             "_openpose_body25.json": openpose_body25_json(kp, sc, threshold=thr, image_size=wh),
             "_openpose_coco18.json": openpose_coco18_json(kp, sc, image_size=wh, threshold=thr),
         }
@@ -131,7 +147,13 @@ class PoseResult(TaskResult):
             write_json(path("_pose.json"), self.to_dict(), writer=writer),
             *(write_png(path(s), p, writer=writer) for s, p in pictures.items()),
             *(write_json(path(s), d, writer=writer) for s, d in formats.items()),
-            kf.write_keypoints_csv(path("_keypoints.csv"), path("").name, kp, sc, writer=writer),
+            kf.write_keypoints_csv(
+                path("_keypoints.csv"),
+                path("").name,
+                *self.native or (kp, sc),
+                writer=writer,
+                names=self._names(),
+            ),  # fmt: skip
             *([] if self.keypoints_3d is None else pose_3d.save(self, out_dir, threshold=thr, writer=writer)),
         ]
 
@@ -141,6 +163,15 @@ class PoseResult(TaskResult):
         from ..outputs.openpose import draw_openpose
 
         return draw_openpose(self.keypoints, self.scores, self.image.shape[:2], threshold=threshold)
+
+    def _own(self, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The model's own points when its set has ``count`` of them (else None: from the 308)."""
+        return self.native if self.native is not None and self.native[1].shape[-1] == count else None
+
+    def _names(self) -> tuple[str, ...]:
+        from ..data.keypoint_sets import BY_NAME
+
+        return BY_NAME[self.keypoint_set].names
 
     def _wh(self) -> tuple[int, int]:
         return int(self.image.shape[1]), int(self.image.shape[0])

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..data.keypoint_sets import KeypointSet
 from .base import RunInfo
 
 if TYPE_CHECKING:
@@ -50,6 +51,19 @@ class PoseRaw:
     info: RunInfo
     notices: list[str] = field(default_factory=list)
     pointmap: Any = None  # the borrowed pointmap's raw (keypoints_3d)
+    keypoint_set: str = "goliath308"  # the model's set (``sapiens2.data.keypoint_sets``)
+    #: a 17 / 133 model's own (P, K, 2) points and (P, K) scores (``keypoints`` is the 308 lift)
+    native: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def with_set(raw: PoseRaw, kset: KeypointSet, keypoints: np.ndarray, scores: np.ndarray) -> PoseRaw:
+    """``raw`` labelled with the model's keypoint set; a set other than 308 keeps its own points
+    and says what it cannot give."""
+    raw.keypoint_set = kset.name
+    if kset.lacks:
+        raw.native = (keypoints, scores)
+        raw.notices = notices_once(raw.notices, [f"Keypoint set {kset.label}: {kset.lacks}."])
+    return raw
 
 
 def people_spans(counts: list[int], lo: int, hi: int) -> list[tuple[int, slice]]:
@@ -85,4 +99,4 @@ def notices_once(*lists: list[str]) -> list[str]:
     return list(dict.fromkeys(n for notices in lists for n in notices))
 
 
-__all__ = ["PosePrep", "PoseRaw", "notices_once", "people_spans", "pose_raw"]
+__all__ = ["PosePrep", "PoseRaw", "notices_once", "people_spans", "pose_raw", "with_set"]

@@ -20,7 +20,7 @@ import torch
 from ..data.metadata import SEG_CLASS_NAMES, SEG_PALETTE, seg_class_ids
 from ..errors import OptionError
 from ..inputs.intake import Intake
-from ..inputs.network import stretch_release
+from ..inputs.network import dense_input
 from ..models.zoo import get_task
 from ..ops.seg_logits import SegLogits, finite_logits
 from ..outputs.render import (
@@ -153,7 +153,8 @@ class SegPipeline(Pipeline):
         if not _check_boxes(boxes) and boxes is not None:
             _as_boxes(boxes)  # a bad box fails here, before any device time
         photo = intake.work if isinstance(boxes, str) else None
-        return DensePrep(stretch_release(intake.work, self.input_size(input_hw)), photo=photo)
+        pixels, _ = dense_input(intake.work, self.input_size(input_hw), self.rules.dense_resize)
+        return DensePrep(pixels, photo=photo)
 
     def seg_logits(self, images: list[np.ndarray], raws: list[DenseRaw]) -> list[SegLogits]:
         """Compact logits (on the CPU) of prepared inputs; device time and notices go to ``raws``."""

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import CheckpointError, OptionError, Sapiens2Error, WeightsUnavailableError
 from ..inputs.intake import Intake
-from ..inputs.network import letterbox_release, stretch_release
+from ..inputs.network import dense_input
 from ..models.cost import Work
 from ..models.zoo import get_task
 from .base import Pipeline
@@ -117,10 +117,11 @@ class SegMaskedPipeline(Pipeline):
     def prepare_dense(self, intake: Intake, with_seg: bool, input_hw: Any = None) -> DensePrep:
         """Letterboxed uint8 input (the release's rule) and, when asked, the seg model's input;
         ``input_hw``: another network input for both (:meth:`Pipeline.input_size`)."""
-        pixels, pad = letterbox_release(intake.work, self.input_size(input_hw))
+        hw = self.input_size(input_hw)
+        pixels, pad = dense_input(intake.work, hw, self.rules.dense_resize, letterbox=True)
         prep = DensePrep(pixels, pad)
         if with_seg and (pipe := self._seg_pipe(prep.notices)) is not None:
-            prep.seg = stretch_release(intake.work, pipe.input_size(input_hw))
+            prep.seg = dense_input(intake.work, pipe.input_size(input_hw), pipe.rules.dense_resize)[0]
         return prep
 
     def infer_seg(self, batch: list[DensePrep], raws: list[Any]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 from gradio.context import get_blocks_context
 
-from ..models.zoo import ARCHS, DETECTOR, WEIGHTS_LICENSE
+from ..models.zoo import ARCHS, DETECTOR, V1_LICENSE, V1_LICENSE_URL, WEIGHTS_LICENSE, is_v1
 from ..serving import ModelManager
 from ..serving.folders import result_id
 from ..tasks.registry import OnDemand, Task
@@ -284,7 +284,8 @@ def about_markdown(tasks: Mapping[str, Task]) -> str:
     rows = "\n".join(
         f"| {a.size} | {a.params_b:.3f} B | {a.hidden} | {a.layers} | "
         f"{'-' if a.tflops_1024x768 is None else f'{a.tflops_1024x768:.2f} T'} |"
-        for a in ARCHS.values()
+        for key, a in ARCHS.items()
+        if not is_v1(key)
     )
     listed = "\n".join(f"- **{t.tab}**: sizes {', '.join(t.spec.sizes)}" for t in tasks.values())
     return f"""
@@ -298,9 +299,17 @@ pointmaps and matting. Input 1024x768 (HxW), patch 16; the 1b-4k backbone takes 
 
 {listed}
 
-**Weights licence:** {WEIGHTS_LICENSE}. This Space does not re-host weights: they are downloaded
-from the `facebook/sapiens2-*` repositories on the Hugging Face Hub on first use. Person boxes
-for pose come from `{DETECTOR.repo_id}` ({DETECTOR.license}).
+**Sapiens v1** (Meta, ECCV 2024, [arXiv 2408.12569](https://arxiv.org/abs/2408.12569)) models are
+the `v1-*` sizes (`-bf16`: its bfloat16 files) of the tasks they serve, and the only models of
+the Depth (v1) tab, whose depth is relative, not metric. Each v1 result is marked "Sapiens v1 ·
+size · {V1_LICENSE}". They run with v1's own pre- and post-processing as this package implements
+it ([notes](https://github.com/facebookresearch/sapiens); docs/SAPIENS_V1.md), a modified pipeline.
+
+**Weights licences:** Sapiens2: {WEIGHTS_LICENSE}. Sapiens v1: [{V1_LICENSE}]({V1_LICENSE_URL}),
+non-commercial use only, attribution to Meta and the Sapiens authors. This Space does not re-host
+weights: they are downloaded from the `facebook/sapiens2-*` and `facebook/sapiens-*` repositories
+on the Hugging Face Hub on first use. Person boxes for pose come from `{DETECTOR.repo_id}`
+({DETECTOR.license}).
 
 Links: [paper (arXiv 2604.21681)](https://arxiv.org/abs/2604.21681) ·
 [code](https://github.com/facebookresearch/sapiens2) ·

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ..zoo import ARCHS, TASKS
+from ..zoo import ARCHS, TASKS, is_v1
 from .backbone import Backbone, BackboneConfig, backbone_config_from_shapes
 from .heads import HeadConfig, build_head, head_config_from_shapes
 from .outputs import FeaturesOutput, TaskOutput, output_type
@@ -55,7 +55,9 @@ class ArchInfo:
 
 def match_zoo_size(cfg: BackboneConfig) -> str | None:
     """The zoo size with this backbone's published shape (GQA layout included), else None."""
-    for arch in ARCHS.values():
+    for key, arch in ARCHS.items():
+        if is_v1(key):  # Sapiens v1 files are graphs, never read by shape
+            continue
         # the release: first 8 and last 8 layers full multi-head, heads/2 KV heads in between
         kv = tuple(
             arch.heads if (i < 8 or i >= arch.layers - 8) else arch.heads // 2 for i in range(arch.layers)

@@ -56,6 +56,11 @@ class PointmapOutput(TaskOutput):
 
 
 @dataclass
+class DepthOutput(TaskOutput):
+    depth: torch.Tensor  # (B, 1, H, W): Sapiens v1's relative depth (not metric)
+
+
+@dataclass
 class MattingOutput(TaskOutput):
     foreground: torch.Tensor  # (B, 3, H, W), premultiplied RGB in [0, 1]
     alpha: torch.Tensor  # (B, 1, H, W) in [0, 1]
