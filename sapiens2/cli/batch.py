@@ -29,12 +29,17 @@ def _batch_tasks() -> list[registry.Task]:
 def add(parser: argparse.ArgumentParser) -> None:
     names = ", ".join(t.name for t in _batch_tasks())
     parser.add_argument("tasks", nargs="+", metavar="TASK", help=f"what to compute: {names}")
+    add_run_options(parser, "OUT: a folder or URI; OUT/<task>/ per task")
+
+
+def add_run_options(parser: argparse.ArgumentParser, out_help: str) -> None:
+    """INPUT, --out and how the photos run (shared with ``sapiens2 index``)."""
     parser.add_argument(
         "input",
         metavar="INPUT",
         help="a folder, a glob, a .txt or .parquet list of paths, an image, or a URI (s3://, gs://, hf://, file://)",
     )
-    parser.add_argument("--out", "-o", required=True, help="OUT: a folder or URI; OUT/<task>/ per task")
+    parser.add_argument("--out", "-o", required=True, help=out_help)
     parser.add_argument("--engine", choices=("local", "ray"), default="local", help="default: %(default)s")
     parser.add_argument("--checkpoint", action="append", default=[], metavar="TASK=PATH",
                         help="a task's .safetensors file or folder (repeat per task)")  # fmt: skip
