@@ -28,13 +28,17 @@ import numpy as np
 os.environ.setdefault("LANCE_LOG", "error")  # lance warns on every search that omits _distance
 os.environ.setdefault("RUST_LOG", "error")
 
+
 def clustered(n: int, dim: int, seed: int, centres: np.ndarray, spread: float = 0.35) -> np.ndarray:
     """``n`` unit vectors around the unit ``centres`` (a mixture: most of a real embedding's mass)."""
     rng = np.random.default_rng(seed)
     out = np.empty((n, dim), np.float32)
     for a in range(0, n, 50_000):  # in chunks: the noise of 1M x 768 at once is 3 GB more
         m = min(50_000, n - a)
-        x = centres[rng.integers(0, len(centres), m)] + spread * rng.standard_normal((m, dim), np.float32) / np.sqrt(dim) * 3
+        x = (
+            centres[rng.integers(0, len(centres), m)]
+            + spread * rng.standard_normal((m, dim), np.float32) / np.sqrt(dim) * 3
+        )
         out[a : a + m] = x / np.linalg.norm(x, axis=1, keepdims=True)
     return out
 
@@ -54,7 +58,9 @@ def exact(data: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
 
 
 def recall(found: list[np.ndarray], truth: np.ndarray) -> float:
-    return float(np.mean([len(set(f.tolist()) & set(t.tolist())) / len(t) for f, t in zip(found, truth, strict=True)]))
+    return float(
+        np.mean([len(set(f.tolist()) & set(t.tolist())) / len(t) for f, t in zip(found, truth, strict=True)])
+    )
 
 
 def latencies(search, queries: np.ndarray) -> tuple[list[np.ndarray], dict[str, float]]:
@@ -94,7 +100,9 @@ def bench_faiss(data: np.ndarray, queries: np.ndarray, truth: np.ndarray, tmp: P
     return out
 
 
-def bench_lancedb(data: np.ndarray, queries: np.ndarray, truth: np.ndarray, tmp: Path, k: int, kind: str) -> dict:
+def bench_lancedb(
+    data: np.ndarray, queries: np.ndarray, truth: np.ndarray, tmp: Path, k: int, kind: str
+) -> dict:
     import lancedb
     import pyarrow as pa
     from lancedb.index import IvfFlat, IvfPq
@@ -125,7 +133,7 @@ def bench_lancedb(data: np.ndarray, queries: np.ndarray, truth: np.ndarray, tmp:
         return np.asarray(s.select(["id"]).limit(k).to_arrow().column("id"))
 
     for nprobes, refine in ((32, 10), (64, 10)) if kind == "IVF_PQ" else ((16, None), (32, None), (64, None)):
-        found, lat = latencies(lambda q: search(q, nprobes, refine), queries)
+        found, lat = latencies(lambda q, n=nprobes, r=refine: search(q, n, r), queries)
         out["rows"].append({"nprobes": nprobes, "refine": refine, "recall@10": recall(found, truth), **lat})
     return out
 

@@ -60,7 +60,9 @@ def test_same_pose_moved_scaled_and_mirrored_ranks_first_a_different_pose_last(t
     vectors = np.stack([pose_vector(p, s) for p, s in zip(people, scored, strict=True)])
     names = ["moved", "mirrored", "upside-down", "masked"] + [f"other{i}" for i in range(6)]
     store = PeopleStore(str(tmp_path / "index"))
-    store.add("pose", People(names, list(range(10)), np.zeros((10, 4)), vectors), [(n, None, 1) for n in names])
+    store.add(
+        "pose", People(names, list(range(10)), np.zeros((10, 4)), vectors), [(n, None, 1) for n in names]
+    )
     query = pose_vector(pose, scores)
     found = store.nearest("pose", query, 10)
     order = found.column("source").to_pylist()
@@ -132,7 +134,9 @@ def test_index_resumes_keeps_errors_and_finds_each_photo_itself(tmp_path, featur
     store = PeopleStore(str(index))
     assert store.count("appearance") == 4 and len(store.errors("appearance")) == 1
     hits = find_similar(str(folder / "p2.png"), str(index), k=3)
-    assert hits[0].source == str((folder / "p2.png").absolute()) and hits[0].score == pytest.approx(1.0, abs=1e-4)
+    assert hits[0].source == str((folder / "p2.png").absolute()) and hits[0].score == pytest.approx(
+        1.0, abs=1e-4
+    )
     assert [h.rank for h in hits] == [1, 2, 3] and hits[0].box == (0.0, 0.0, 48.0, 40.0)
     pixels = np.asarray(Image.open(folder / "p1.png"))  # any image load_image reads, from Python
     assert find_similar(pixels, str(index), k=1)[0].source.endswith("p1.png")

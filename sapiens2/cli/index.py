@@ -24,7 +24,9 @@ def add(parser: argparse.ArgumentParser) -> None:
         "--by", default="appearance", metavar="KINDS",
         help="appearance (the backbone's embedding), pose (308 keypoints), or appearance,pose (default: %(default)s)",
     )  # fmt: skip
-    batch.add_run_options(parser, "INDEX: a folder or URI (INDEX/vectors: LanceDB tables; INDEX/batch: the rows)")
+    batch.add_run_options(
+        parser, "INDEX: a folder or URI (INDEX/vectors: LanceDB tables; INDEX/batch: the rows)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

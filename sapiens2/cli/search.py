@@ -18,9 +18,13 @@ def add(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("photo", metavar="PHOTO", help="the query photo: a path or a URI")
     parser.add_argument("--index", "-i", required=True, help="INDEX, as given to 'sapiens2 index --out'")
     parser.add_argument("-k", type=int, default=10, help="how many people (default %(default)s)")
-    parser.add_argument("--by", choices=("appearance", "pose"), default="appearance", help="default: %(default)s")
+    parser.add_argument(
+        "--by", choices=("appearance", "pose"), default="appearance", help="default: %(default)s"
+    )
     parser.add_argument("--person", type=int, help="by pose: which person of PHOTO (default: the largest)")
-    parser.add_argument("--no-mirror", action="store_true", help="by pose: do not also match the mirrored pose")
+    parser.add_argument(
+        "--no-mirror", action="store_true", help="by pose: do not also match the mirrored pose"
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of lines")
 
 

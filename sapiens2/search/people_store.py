@@ -27,7 +27,7 @@ from ..errors import OptionError
 KINDS = ("appearance", "pose")
 SOURCES = "sources"
 SETTINGS = "settings.json"
-#: Rows from which a table gets an approximate (IVF-PQ) index; below it exact search is fast enough.
+#: Rows from which a table gets an approximate (IVF-Flat) index; below it exact search is fast enough.
 ANN_MIN_ROWS = 100_000
 
 _SOURCE_SCHEMA = pa.schema(
@@ -108,7 +108,9 @@ class PeopleStore:
         self.db = _lancedb().connect(self._vectors_uri())
 
     def _vectors_uri(self) -> str:
-        return f"{self.root}/vectors" if isinstance(self.fs, pafs.LocalFileSystem) else f"{self.index}/vectors"
+        return (
+            f"{self.root}/vectors" if isinstance(self.fs, pafs.LocalFileSystem) else f"{self.index}/vectors"
+        )
 
     def _names(self) -> set[str]:
         return set(self.db.list_tables().tables)
@@ -180,20 +182,15 @@ class PeopleStore:
             self.db.create_table(SOURCES, rows) if t is None else t.add(rows)
 
     def optimise(self, kind: str) -> bool:
-        """An IVF-PQ index on a table of at least :data:`ANN_MIN_ROWS` rows (made again as it
+        """An IVF-Flat index (cosine) on a table of at least :data:`ANN_MIN_ROWS` rows (made again as it
         grows); returns whether the table has one."""
         t = self.table(kind)
         if t is None or t.count_rows() < ANN_MIN_ROWS:
             return False
-        from lancedb.index import IvfPq
+        from lancedb.index import IvfFlat  # IVF-PQ builds 20x slower here for no recall (docs/SEARCH.md)
 
-        dim = t.schema.field("vector").type.list_size
-        rows = t.count_rows()
-        t.create_index(
-            "vector",
-            config=IvfPq(distance_type="cosine", num_partitions=ann_partitions(rows), num_sub_vectors=dim // 8),
-            replace=True,
-        )
+        config = IvfFlat(distance_type="cosine", num_partitions=ann_partitions(t.count_rows()))
+        t.create_index("vector", config=config, replace=True)
         return True
 
     # -- searching
@@ -205,7 +202,7 @@ class PeopleStore:
             raise OptionError(f"{self.index} has no {kind} vectors: index with --by {kind}.")
         search = t.search(np.asarray(query, np.float32), vector_column_name="vector").distance_type("cosine")
         if t.list_indices():
-            search = search.nprobes(ANN_NPROBES).refine_factor(ANN_REFINE)
+            search = search.nprobes(ANN_NPROBES)
         found = search.limit(int(k)).to_arrow()
         score = pa.compute.subtract(1.0, found.column("_distance"))
         return found.drop_columns(["_distance"]).append_column("score", score)
@@ -225,8 +222,8 @@ class PeopleStore:
             f.write(json.dumps(settings, indent=1, sort_keys=True).encode())
 
 
-#: IVF-PQ search settings: partitions probed, and candidates re-ranked exactly per result wanted.
-ANN_NPROBES, ANN_REFINE = 32, 10
+#: IVF partitions a search reads (docs/SEARCH.md: recall@10 against exact search).
+ANN_NPROBES = 32
 
 
 def ann_partitions(rows: int) -> int:

@@ -2,8 +2,8 @@
 
 The query photo goes through the same batch step as the collection did, with the settings the
 index records (model, checkpoint, options, network size), so its vector is comparable; then the
-index's table is searched by cosine (exact below ``ANN_MIN_ROWS`` rows, IVF-PQ with an exact
-re-rank above). By pose the query is the photo's largest person (or ``person``), and the search
+index's table is searched by cosine (exact below ``ANN_MIN_ROWS`` rows, IVF-Flat probing
+``ANN_NPROBES`` partitions above). By pose the query is the photo's largest person (or ``person``), and the search
 also matches the pose mirrored (``mirror``); a result keeps the better of the two scores.
 """
 
