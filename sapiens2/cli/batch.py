@@ -31,12 +31,17 @@ def _batch_tasks() -> list[registry.Task]:
 
 def add(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tasks", nargs="+", metavar="TASK", help=f"what to compute: {task_names()}")
+    add_run_options(parser, "OUT: a folder or URI; OUT/<task>/ per task")
+
+
+def add_run_options(parser: argparse.ArgumentParser, out_help: str) -> None:
+    """INPUT, --out and how the photos run (shared with ``sapiens2 index``)."""
     parser.add_argument(
         "input",
         metavar="INPUT",
         help="a folder, a glob, a .txt or .parquet list of paths, an image, or a URI (s3://, gs://, hf://, file://)",
     )
-    parser.add_argument("--out", "-o", required=True, help="OUT: a folder or URI; OUT/<task>/ per task")
+    parser.add_argument("--out", "-o", required=True, help=out_help)
     parser.add_argument("--engine", choices=("local", "ray"), default="local", help="default: %(default)s")
     add_checkpoint(parser)
     parser.add_argument("--size", action="append", default=[], metavar="[TASK=]SIZE",

@@ -31,6 +31,7 @@ from .handlers import (
     task_endpoint,
 )
 from .inputs import photo_input, say_on_arrival
+from .similar_block import similar_block
 from .widgets import (
     OUTPUT_FILES,
     download_groups,
@@ -198,8 +199,9 @@ def task_tab(
                 link_enabled_options(task, widgets)
                 button = gr.Button(task.button, variant="primary")
                 handler = task_endpoint(run, task, manager.cuda)
-                if task.compare is not None:
+                if task.compare is not None:  # an embedding to compare is one to search by
                     compare_block(run, task, photo, size)
+                    similar_block(run, task, photo, size, MODELS)
                 example = add_examples(photo, task, handler, parts, examples)
             with gr.Column(scale=2):
                 fold = render_results(outputs, lambda: operator_fold(operator, task.name))

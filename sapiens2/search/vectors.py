@@ -1,0 +1,103 @@
+"""The vectors people are found by, and exact search over a few of them (numpy only).
+
+* appearance: the backbone's CLS embedding of the photo, L2-normalised, so a dot product is the
+  cosine similarity ``sapiens2 features``' comparison reports;
+* pose: one vector per person from the 308 keypoints: the confident points (score >= the
+  threshold) centred on their mean and divided by their RMS distance from it (position and scale
+  gone), the others zeroed, then L2-normalised. Two people in the same pose score 1 whatever
+  they wear and wherever they stand; :func:`mirrored` is the same pose seen in a mirrored photo
+  (left and right swapped through the keypoints' flip pairs), so a search may match either.
+
+:func:`top_k` and :func:`kmeans` serve small sets (a visitor's photos, a query's few candidates):
+exact, in memory, no database.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..data.metadata import FLIP_INDEX, NUM_KEYPOINTS
+from ..errors import OptionError
+
+#: Keypoints scored below this are left out of a pose vector (pose's own default threshold of a
+#: drawn point is the same).
+POSE_SCORE_MIN = 0.3
+#: A person with fewer confident keypoints has no pose vector (no shape to compare).
+POSE_POINTS_MIN = 5
+POSE_DIM = NUM_KEYPOINTS * 2
+
+
+def normalised(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (float32); OptionError for a zero or non-finite row."""
+    v = np.asarray(vectors, np.float32)
+    v = v.reshape(1, -1) if v.ndim == 1 else v
+    norms = np.linalg.norm(v, axis=1, keepdims=True)
+    if not np.isfinite(v).all() or (norms == 0).any():
+        raise OptionError("An embedding is all zeros or not finite; it cannot be searched by.")
+    return v / norms
+
+
+def pose_vector(
+    keypoints: np.ndarray, scores: np.ndarray, score_min: float = POSE_SCORE_MIN
+) -> np.ndarray | None:
+    """One person's pose vector (see the module docstring), or None with fewer than
+    :data:`POSE_POINTS_MIN` confident keypoints."""
+    kp = np.asarray(keypoints, np.float64).reshape(NUM_KEYPOINTS, 2)
+    valid = (np.asarray(scores, np.float64).reshape(NUM_KEYPOINTS) >= score_min) & np.isfinite(kp).all(1)
+    if valid.sum() < POSE_POINTS_MIN:
+        return None
+    centred = kp - kp[valid].mean(0)
+    spread = float(np.sqrt((centred[valid] ** 2).sum(1).mean()))
+    if spread <= 1e-9:
+        return None
+    centred[~valid] = 0.0
+    v = (centred / spread).reshape(-1)
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+def mirrored(vectors: np.ndarray) -> np.ndarray:
+    """Pose vectors of the same poses seen in a mirrored photo: x negated, left and right swapped."""
+    v = np.asarray(vectors, np.float32).reshape(-1, NUM_KEYPOINTS, 2)[:, FLIP_INDEX].copy()
+    v[..., 0] *= -1
+    return v.reshape(-1, POSE_DIM)
+
+
+def top_k(query: np.ndarray, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, cosine scores) of the ``k`` rows of unit ``vectors`` nearest the unit ``query``,
+    best first (exact)."""
+    if len(vectors) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    scores = np.asarray(vectors, np.float32) @ np.asarray(query, np.float32).reshape(-1)
+    k = min(int(k), len(scores))
+    part = np.argpartition(-scores, k - 1)[:k]
+    order = part[np.lexsort((part, -scores[part]))]  # ties: the earlier row first
+    return order, scores[order]
+
+
+def kmeans(vectors: np.ndarray, groups: int, *, iterations: int = 30, seed: int = 0) -> np.ndarray:
+    """A group label per row of unit ``vectors`` (spherical k-means: cosine, k-means++ start,
+    deterministic for a seed). ``groups`` is capped at the number of rows."""
+    x = np.asarray(vectors, np.float32)
+    n = len(x)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    k = max(1, min(int(groups), n))
+    rng = np.random.default_rng(seed)
+    centres = [x[rng.integers(n)]]
+    for _ in range(1, k):  # k-means++: far rows are likelier next centres
+        d = np.clip(1.0 - np.max(x @ np.stack(centres).T, axis=1), 0.0, None)
+        total = float(d.sum())
+        centres.append(x[rng.choice(n, p=d / total)] if total > 0 else x[rng.integers(n)])
+    c = np.stack(centres)
+    labels = np.full(n, -1)
+    for _ in range(iterations):
+        new = np.argmax(x @ c.T, axis=1)
+        if np.array_equal(new, labels):
+            break
+        labels = new
+        for g in range(k):
+            members = x[labels == g]
+            if len(members):
+                mean = members.sum(0)
+                c[g] = mean / max(float(np.linalg.norm(mean)), 1e-12)
+    return labels
