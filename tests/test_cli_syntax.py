@@ -84,7 +84,7 @@ def test_a_plain_path_belongs_to_the_task_its_file_holds(tiny_checkpoints, tmp_p
         Checkpoints.parse([str(pointmap)], ["pose", "seg"])  # batch pose seg: the header says pointmap
     with pytest.raises(OptionError, match=f"Unknown task 'posex'; choose one of: {task_names()}"):
         Checkpoints.parse(["posex=/x"], motion)
-    with pytest.raises(WeightsUnavailableError, match="does not exist"):
+    with pytest.raises(OptionError, match="no such file or folder. Give an existing PATH, or TASK=PATH"):
         Checkpoints.parse([str(tmp_path / "missing.safetensors")], motion)
     odd = tmp_path / "run=3"  # a folder whose name holds "=" is a path
     odd.mkdir()
@@ -111,7 +111,7 @@ def test_motion_batch_and_the_app_take_a_plain_path(tiny_checkpoints, tmp_path: 
     manager = app.manager_from_args(app.parse_args(["--checkpoint", str(tiny_checkpoints["albedo"])]))
     assert "albedo" in manager.tasks()  # the file's own task, shown
     assert main(["motion", str(tmp_path / "none.mp4"), "--checkpoint", str(tmp_path / "nope")]) == 1
-    assert "Checkpoint" in capsys.readouterr().err  # motion reads the plain path (here: missing)
+    assert "nope: no such file or folder" in capsys.readouterr().err  # motion reads the plain path
 
 
 def test_every_checkpoint_flag_has_the_one_help_text() -> None:

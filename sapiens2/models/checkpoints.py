@@ -52,12 +52,14 @@ def split_spec(spec: str) -> tuple[str | None, str]:
 
 def _declared_task(path: str) -> str:
     """The task a checkpoint file's header declares (a plain PATH where several tasks could use it)."""
-    from ..errors import WeightsUnavailableError
     from .loading import describe_checkpoint
 
     found = Path(path).expanduser()
-    if not found.exists():  # the loaders' own message for a missing path
-        raise WeightsUnavailableError(f"Checkpoint {found} does not exist.")
+    if not found.exists():  # no file to ask, nor a task named: say both spellings
+        raise OptionError(
+            f"--checkpoint {path}: no such file or folder. Give an existing PATH, or TASK=PATH with "
+            f"TASK one of: {', '.join(TASKS)}."
+        )
     return str(describe_checkpoint(found)["task"])
 
 
@@ -73,8 +75,8 @@ class Checkpoints(Mapping[str, Path]):
         """``["pose=/p1", "seg=/p2"]`` or ``"pose=/p1,seg=/p2"``; each spec is ``TASK=PATH`` or a plain
         ``PATH`` (see :func:`split_spec`). A plain path belongs to the one task of ``tasks`` when it
         names one, else to the task its file's header declares. ``tasks`` (when given) are the tasks
-        the command runs: a checkpoint for another one is an OptionError, as is a malformed spec or an
-        unknown task; a plain path that does not exist is a WeightsUnavailableError."""
+        the command runs: a checkpoint for another one is an OptionError, as is a malformed spec, an
+        unknown task, or a plain path that does not exist where the file must say its task."""
         if specs is None:
             return cls()
         if isinstance(specs, str):
