@@ -35,6 +35,7 @@ OPTIONAL = {
     "spaces": "sapiens2/zerogpu/entry.py uses it only on ZeroGPU (the app extra installs it)",
     "triton": "sapiens2/models/compile.py compiles with it only on a CUDA build of torch, which ships it",
     "ray": "sapiens2/batch/ray_engine.py imports it only for --engine ray (the ray extra installs it)",
+    "lancedb": "sapiens2/search/people_store.py imports it only for sapiens2 index / search (the search extra installs it)",
 }
 
 
