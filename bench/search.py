@@ -115,7 +115,10 @@ def bench_lancedb(
         chunk = data[a : a + 100_000]
         t = pa.table({"id": np.arange(a, a + len(chunk)),
                       "vector": pa.FixedSizeListArray.from_arrays(pa.array(chunk.reshape(-1)), dim)})  # fmt: skip
-        table = db.create_table("v", t) if table is None else table.add(t) or table
+        if table is None:
+            table = db.create_table("v", t)
+        else:
+            table.add(t)
     write = time.perf_counter() - t0
     parts = max(1, int(np.sqrt(n)))
     config = (IvfFlat(distance_type="cosine", num_partitions=parts) if kind == "IVF_FLAT"

@@ -31,6 +31,8 @@ _LAZY = {
     "PersonDetector": ".inputs.detector",
     "detect_people": ".inputs.detector",
     "pipeline": ".tasks",
+    "build_index": ".search",
+    "find_similar": ".search",
 }
 # short module aliases, e.g. ``sapiens2.pose.decode_heatmaps``
 _MODULES = {"pose": ".tasks.pose"}

@@ -26,6 +26,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"ops"}),
     frozenset({"tasks"}),
     frozenset({"video", "batch"}),  # many inputs through any pipeline: clips, datasets
+    frozenset({"search"}),  # people found by appearance or pose: made through batch, used by serving
     frozenset({"serving"}),
     frozenset({"ui", "cli", "face"}),
 )

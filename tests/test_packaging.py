@@ -37,6 +37,7 @@ OPTIONAL = {
     "ray": "sapiens2/batch/ray_engine.py imports it only for --engine ray (the ray extra installs it)",
     "onnx": "sapiens2/models/onnx_*.py import it only to export or read an .onnx file (the onnx extra)",
     "onnxruntime": "sapiens2/models/onnx_*.py import it only to run or quantise an .onnx file (the onnx extra)",
+    "lancedb": "sapiens2/search/people_store.py imports it only for sapiens2 index / search (the search extra installs it)",
 }
 
 

@@ -79,6 +79,8 @@ CLIP_TYPES = [".mp4", ".webm", ".mov", ".gif"]
 _SERVED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 #: each clip input (see clip_input): refused with the clip's words
 _CLIPS: weakref.WeakSet[Any] = weakref.WeakSet()
+#: the inputs made by photo_set_input (a list of files, each checked as a photo is)
+_SETS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class Refused:
@@ -192,6 +194,24 @@ def clip_input(**kwargs: Any) -> gr.File:
     return clip
 
 
+def photo_set_input(**kwargs: Any) -> gr.File:
+    """A multi-file input (a set of photos or zips) under the same rule as :func:`photo_input`:
+    each file an upload to this app, else the set's value holds its :class:`Refused`."""
+    files = gr.File(file_count="multiple", type="filepath", **kwargs)
+
+    def preprocess(payload: Any) -> Any:
+        if payload is None:
+            return None
+        items = payload.root if hasattr(payload, "root") else [payload]
+        return [received(item.path, (), photo=True) for item in items]
+
+    files.preprocess = preprocess  # type: ignore[method-assign]
+    _SERVED[files] = set()
+    _SETS.add(files)
+    _check_paths_before_gradio(Context.root_block)
+    return files
+
+
 def received(path: object, served: Collection[str] = (), photo: bool = True) -> str | Refused:
     """``path`` (resolved) if Gradio's upload route wrote it for the running app or it is in
     ``served``; otherwise its :class:`Refused` value (:func:`refusal`). Nothing here opens the file."""
@@ -243,7 +263,12 @@ def _check_paths_before_gradio(blocks: gr.Blocks | None) -> None:
             if served is None or value is None:
                 continue
             photo = block not in _CLIPS
-            if not isinstance(value, dict):  # a bare path string, a list...: never an upload
+            if block in _SETS and isinstance(value, list):  # a set: every file an upload
+                checks = (received(v.get("path") if isinstance(v, dict) else None, served) for v in value)
+                bad = next((c for c in checks if isinstance(c, Refused)), None)
+                if bad is not None:
+                    refused[i] = bad
+            elif not isinstance(value, dict):  # a bare path string, a list...: never an upload
                 refused[i] = refusal(value if isinstance(value, str) else None, photo)
             elif value.get("path") is not None or not photo:  # a clip comes only by path
                 checked = received(value.get("path"), served, photo)

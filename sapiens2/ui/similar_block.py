@@ -23,7 +23,7 @@ from ..serving.similar import PeopleSet, group_count, grouped, most_similar, pho
 from ..tasks import registry
 from ..tasks.registry import Task
 from .handlers import BOARD, Runner, _docstring, _endpoint, _split, reported, shown_error
-from .inputs import refuse
+from .inputs import photo_set_input, refuse
 from .mcp_files import photo_doc
 
 KINDS = tuple(TASK_OF)
@@ -42,6 +42,11 @@ def fit_text(run: Runner, size: str | None) -> str:
         f"(what one GPU call of a visitor's quota holds; at most {MAX_SET_PHOTOS}), as files or one .zip. "
         "The photo above is the query. Your set is kept for this session only."
     )
+
+
+def _listed(files: Any) -> list[Any]:
+    """The set's values as a list (a refused set arrives as its one Refused value)."""
+    return [] if files is None else list(files) if isinstance(files, (list, tuple)) else [files]
 
 
 def _key(files: list[Any] | None, kind: str, size: str | None) -> tuple[Any, ...]:
@@ -88,7 +93,7 @@ def similar_endpoint(run: Runner, task: Task) -> Any:
     def endpoint(*args: Any) -> tuple[Any, str, PeopleSet | None]:
         [photo, files, by, size, held], _, request = _split(args, 5)
         with BOARD.catching(request, "find_similar", "Find similar"), reported(run.manager):
-            refuse(photo, files)
+            refuse(photo, *_listed(files))
             people = _people_set(run, held, photo, files, by, size)
             shown = most_similar(people, people.folder)
             info = f"{len(shown)} most similar of {len(people.people)} people in {len(people.names)} photos, by {people.kind}."
@@ -112,7 +117,7 @@ def group_endpoint(run: Runner, task: Task) -> Any:
     def endpoint(*args: Any) -> tuple[Any, str, PeopleSet | None]:
         [photo, files, by, size, groups, held], _, request = _split(args, 6)
         with BOARD.catching(request, "group_set", "Group"), reported(run.manager):
-            refuse(photo, files)
+            refuse(photo, *_listed(files))
             people = _people_set(run, held, photo, files, by, size)
             if groups is not None and (not isinstance(groups, (int, float)) or not 1 <= int(groups) <= 8):
                 raise OptionError(f"groups must be 1 to 8; got {groups!r}.")
@@ -140,10 +145,11 @@ def similar_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown, c
     """The "Find similar" fold of the tab of ``task`` (the one whose ``compare`` scores embeddings)."""
     with gr.Accordion("Find similar", open=False, elem_id="find-similar"):
         gr.Markdown(fit_text(run, size.value), elem_id="find-similar-fit")
-        files = gr.File(label="Your set: photos or a .zip", file_count="multiple", type="filepath",
-                        elem_id="find-similar-set")  # fmt: skip
+        files = photo_set_input(label="Your set: photos or a .zip", elem_id="find-similar-set")
         by = gr.Radio(list(KINDS), value="appearance", label="Similar by", elem_id="find-similar-by")
-        groups = gr.Slider(1, 8, value=3, step=1, label="Groups", elem_id="find-similar-groups")
+        groups = gr.Number(
+            3, precision=0, minimum=1, maximum=8, label="Groups (for Group)", elem_id="find-similar-groups"
+        )
         with gr.Row():
             find = gr.Button("Find similar", variant="secondary", elem_id="find-similar-button")
             group = gr.Button("Group", variant="secondary", elem_id="group-set-button")
