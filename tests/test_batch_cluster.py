@@ -254,3 +254,21 @@ def test_a_driver_killed_midway_leaves_committed_rows(joined, tiny_checkpoints, 
     assert rows.num_rows == 2 * committed and rows["error"].null_count == rows.num_rows
     assert (out / "pose" / JOB_FILE).is_file()
     assert "progress: " in printed and "/16 photos · " in printed and " rows/s · 0 errors" in printed
+
+
+def test_the_connect_timeout_and_the_shipped_settings_are_checked():
+    from sapiens2.batch.cluster import CONNECT_TIMEOUT_ENV, connect_timeout
+
+    assert connect_timeout(None, {}) == 30.0 and connect_timeout(None, {CONNECT_TIMEOUT_ENV: "2.5"}) == 2.5
+    assert connect_timeout(4, {CONNECT_TIMEOUT_ENV: "9"}) == 4.0  # the flag before the variable
+    with pytest.raises(OptionError, match=r"\$SAPIENS2_RAY_CONNECT_TIMEOUT takes seconds"):
+        connect_timeout(None, {CONNECT_TIMEOUT_ENV: "soon"})
+    with pytest.raises(OptionError, match="--connect-timeout takes seconds between"):
+        connect_timeout(-1)
+    given = {"AWS_ENDPOINT_URL": "http://s3", "HF_HOME": "/hf", "SAPIENS2_CPUS": "1", "PATH": "/bin",
+             "RAY_ADDRESS": "auto", "HF_TOKEN": "", "SAPIENS2_CHECKPOINTS": "/w"}  # fmt: skip
+    assert shipped_env(given) == {
+        "AWS_ENDPOINT_URL": "http://s3",
+        "HF_HOME": "/hf",
+        "SAPIENS2_CHECKPOINTS": "/w",
+    }
