@@ -40,6 +40,17 @@ class Cluster:
     folder: Path
     pids: list[int] = field(default_factory=list)
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system, with reaped children) the cluster's processes used so far."""
+        total = 0.0
+        for pid in _processes_of(str(self.folder)):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+            except (OSError, IndexError, ValueError):
+                continue
+        return total
+
     def stop(self) -> None:
         """SIGTERM every process of this cluster (found by its folder, and their children), then
         SIGKILL what is left."""
@@ -136,9 +147,9 @@ def _run(cmd: list[str], env: dict[str, str]) -> None:
 def _wait_for_nodes(cluster: Cluster, nodes: int, timeout: float = 120) -> None:
     """Until the GCS lists ``nodes`` live raylets (a driver then sees every node's CPUs); this
     process joins and leaves again."""
-    import ray
-
     with auth_env(cluster):
+        import ray  # after the token settings, for a process that has not imported Ray yet
+
         ray.init(address=cluster.address, log_to_driver=False)
         try:
             if not wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) >= nodes, timeout, 0.2):

@@ -7,27 +7,31 @@ into one bucket keep each other's parts; a driver killed midway leaves committed
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray_cluster import auth_env, closed_port, start_cluster, wait_until  # noqa: E402
+from ray_cluster import closed_port, start_cluster, wait_until  # noqa: E402
 from test_batch import HW, job_for, photos  # noqa: E402
 
 from sapiens2 import batch  # noqa: E402
 from sapiens2.batch import store as store_module  # noqa: E402
 from sapiens2.batch.cluster import connected, shipped_env  # noqa: E402
 from sapiens2.batch.placement import RayOptions  # noqa: E402
-from sapiens2.batch.store import JOB_FILE, LOCK_FILE, Store  # noqa: E402
+from sapiens2.batch.store import JOB_FILE, Store  # noqa: E402
 from sapiens2.cli import main  # noqa: E402
 from sapiens2.errors import OptionError  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
@@ -37,22 +41,9 @@ POSE = ["--no-detector", "--network-size", f"{HW[0]}x{HW[1]}"]
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    try:
-        started = start_cluster(nodes=2, cpus=1, token=False)  # pytest imported Ray: no token here
-    except Exception as err:  # no Ray here, no ports, a sandbox: say why
-        pytest.skip(f"a two-node Ray cluster did not start: {err}")
-    try:
-        with auth_env(started):
-            yield started
-    finally:
-        started.stop()
-
-
-@pytest.fixture(scope="module")
 def s3():
     """A moto S3 server on 127.0.0.1 with a bucket; its settings are this process's only (the
-    cluster's nodes were started without them)."""
+    cluster's nodes are started without them)."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -73,6 +64,35 @@ def s3():
         for k, v in before.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         server.stop()
+
+
+@dataclass
+class Joined:
+    cluster: Any
+    said: str  # what joining printed
+
+
+@pytest.fixture(scope="module")
+def joined(request):
+    """The cluster, joined once by this process as ``sapiens2 batch --address`` joins it (one Ray
+    job for the module: its worker processes serve every test). The S3 settings and a package
+    setting are set here only, never on the nodes."""
+    try:
+        started = start_cluster(nodes=2, cpus=1, token=False)  # pytest imported Ray: no token here
+    except Exception as err:  # no Ray here, no ports, a sandbox: say why
+        pytest.skip(f"a two-node Ray cluster did not start: {err}")
+    request.getfixturevalue("s3")  # its settings from here on: after the nodes started
+    os.environ["SAPIENS2_FORWARD_ITEMS"] = "3"
+    said = io.StringIO()
+    try:
+        with contextlib.ExitStack() as stack:
+            with contextlib.redirect_stderr(said):
+                stack.enter_context(connected(RayOptions(address=started.address)))
+            yield Joined(started, said.getvalue())
+    finally:
+        os.environ.pop("SAPIENS2_FORWARD_ITEMS", None)
+        print(f"\nthe cluster's processes used {started.cpu_seconds():.1f} CPU-s", file=sys.stderr)
+        started.stop()
 
 
 def upload(fs: pafs.FileSystem, made: list[Path], prefix: str) -> None:
@@ -109,60 +129,57 @@ def test_no_cluster_at_the_address_fails_in_seconds_leaves_out_alone_and_ends_on
 
 
 def test_settings_reach_the_workers_and_a_bucket_round_trip_equals_the_local_engine(
-    cluster, s3, tiny_checkpoints, tmp_path, monkeypatch, capfd
+    joined, s3, tiny_checkpoints, tmp_path, capfd
 ):
-    """The S3 endpoint and a package setting are set only here, never on the nodes: the workers
-    get them (Ray's runtime_env), the run reads and writes the bucket, its rows equal the local
-    engine's, and no secret is printed. The GPU default comes from the cluster (0 GPUs: CPUs)."""
-    monkeypatch.setenv("SAPIENS2_FORWARD_ITEMS", "3")
-    assert "AWS_ENDPOINT_URL" not in cluster.env and "SAPIENS2_CPUS" not in shipped_env(
-        {"SAPIENS2_CPUS": "1"}
-    )
-    with connected(RayOptions(address=cluster.address)):
+    """The S3 endpoint and a package setting are set only in this process, never on the nodes:
+    every node's workers get them (Ray's runtime_env), the run reads and writes the bucket, its rows
+    equal the local engine's, and no secret is printed. The GPU default comes from the cluster
+    (0 GPUs: CPUs), and says so."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        @ray.remote(num_cpus=0)
-        def seen() -> tuple[str | None, str | None]:
-            return os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("SAPIENS2_FORWARD_ITEMS")
+    assert "AWS_ENDPOINT_URL" not in joined.cluster.env
+    assert "SAPIENS2_CPUS" not in shipped_env({"SAPIENS2_CPUS": "1"})  # a worker keeps to Ray's CPUs
 
-        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    @ray.remote(num_cpus=0)
+    def seen() -> tuple[str | None, str | None]:
+        return os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("SAPIENS2_FORWARD_ITEMS")
 
-        on_each = [seen.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-                   for n in nodes]  # fmt: skip
-        assert len(nodes) == 2
-        assert ray.get(on_each) == [(os.environ["AWS_ENDPOINT_URL"], "3")] * 2
-    made = photos(tmp_path / "in", 4)
-    upload(s3, made, "data/in")
-    ckpts = [
-        "--checkpoint",
-        f"pose={tiny_checkpoints['pose']}",
-        "--checkpoint",
-        f"seg={tiny_checkpoints['seg']}",
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    assert len(nodes) == 2
+    on_each = [
+        seen.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+        for n in nodes
     ]
-    common = ["batch", "pose", "seg", "s3://data/in/", *POSE, *ckpts, "--batch-size", "2"]
+    assert ray.get(on_each) == [(os.environ["AWS_ENDPOINT_URL"], "3")] * 2
+    assert "AWS_ENDPOINT_URL" in joined.said and "AWS_SECRET_ACCESS_KEY" in joined.said  # names only
+    assert "s3cr3t" not in joined.said and "2 node(s)" in joined.said
+
+    made = photos(tmp_path / "in", 3)
+    upload(s3, made, "data/in")
+    common = ["batch", "pose", "s3://data/in/", *POSE, "--checkpoint", f"pose={tiny_checkpoints['pose']}",
+              "--batch-size", "2"]  # fmt: skip
     capfd.readouterr()
     assert main([*common, "--out", "s3://data/local"]) == 0
-    assert main([*common, "--out", "s3://data/ray", "--engine", "ray", "--address", cluster.address]) == 0
+    assert (
+        main([*common, "--out", "s3://data/ray", "--engine", "ray", "--address", joined.cluster.address]) == 0
+    )
     printed = capfd.readouterr()
     assert "s3cr3t" not in printed.out + printed.err
-    assert "AWS_SECRET_ACCESS_KEY" in printed.err  # its name, among the shipped settings
-    assert f"forward on CPUs (the cluster at {cluster.address} has 0 GPU(s))" in printed.err
+    assert f"forward on CPUs (the cluster at {joined.cluster.address} has 0 GPU(s))" in printed.err
     assert "2 node(s) can read INPUT, write OUT and find the weights" in printed.err
-    assert "memory per step (GiB): read" in printed.err
-    for task in ("pose", "seg"):
-        a, b = rows_of("s3://data/local", task), rows_of("s3://data/ray", task)
-        assert (
-            a["source"].to_pylist()
-            == b["source"].to_pylist()
-            == sorted(f"s3://data/in/{p.name}" for p in made)
-        )
-        assert a["error"].to_pylist() == b["error"].to_pylist() and a["width"].equals(b["width"])
-    a, b = rows_of("s3://data/local", "seg"), rows_of("s3://data/ray", "seg")
-    assert a["labels_png"].equals(b["labels_png"])
+    assert "memory per step (GiB): read" in printed.err and "forward pose" in printed.err
+    a, b = rows_of("s3://data/local", "pose"), rows_of("s3://data/ray", "pose")
+    assert (
+        a["source"].to_pylist() == b["source"].to_pylist() == sorted(f"s3://data/in/{p.name}" for p in made)
+    )
+    assert a["error"].to_pylist() == b["error"].to_pylist() and a["width"].equals(b["width"])
+    assert b["error"].null_count == 3 and a["boxes"].equals(b["boxes"])
+    left = s3.get_file_info(pafs.FileSelector("data/ray/pose"))
+    assert left and not [i.path for i in left if i.base_name.startswith(".tmp-")]
 
 
 def test_a_worker_that_cannot_find_the_weights_fails_in_seconds_naming_it_and_where(
-    cluster, tiny_checkpoints, tmp_path, capfd
+    joined, tiny_checkpoints, tmp_path
 ):
     """A checkpoint the driver reads but a worker does not (here: moved away after the job was
     planned, as a path only the driver's machine has would be): the first small task says so per
@@ -178,7 +195,9 @@ def test_a_worker_that_cannot_find_the_weights_fails_in_seconds_naming_it_and_wh
     job = BatchJob((moved,), job.out)
     started = time.monotonic()
     with pytest.raises(OptionError, match=r"node [\d.]+: pose weights: .*elsewhere.* does not exist"):
-        batch.run(job, str(tmp_path / "in"), engine="ray", engine_options=RayOptions(address=cluster.address))
+        batch.run(
+            job, str(tmp_path / "in"), engine="ray", engine_options=RayOptions(address=joined.cluster.address)
+        )
     assert time.monotonic() - started < 120
     assert not (tmp_path / "out").exists()  # made by the run, nothing committed: taken away again
 
@@ -212,27 +231,44 @@ def test_two_runs_into_one_bucket_keep_each_others_parts(s3, tiny_checkpoints, t
     assert Store("s3://data/both").clean(pose) == 1
 
 
-def test_a_driver_killed_midway_leaves_committed_rows(cluster, tiny_checkpoints, tmp_path):
-    """Rows are finished as they come out of the forward and committed in small parts as they come:
-    SIGKILL the driver once a part is committed, mid-run, and those rows are there to read; the
-    settings file was written with the first part, and a rerun completes each source once."""
+def test_a_driver_killed_midway_leaves_committed_rows(joined, tiny_checkpoints, tmp_path):
+    """Rows are finished as they come out of the forward and committed in small parts as they
+    come: SIGKILL the driver (a process of its own) once its first part is committed, and those
+    rows are there to read, with the settings written with the first part, and progress lines
+    printed (stdout is a pipe, not a terminal)."""
     made = photos(tmp_path / "in", 16, corrupt=False)
     out = tmp_path / "out"
-    args = ["batch", "pose", str(tmp_path / "in"), "--out", str(out), "--engine", "ray", "--address", cluster.address,
-            "--checkpoint", f"pose={tiny_checkpoints['pose']}", *POSE, "--batch-size", "1", "--rows-per-part", "2"]  # fmt: skip
-    env = {**os.environ, "SAPIENS2_PROGRESS_SECONDS": "0.5", "PYTHONPATH": str(ROOT)}
+    args = ["batch", "pose", str(tmp_path / "in"), "--out", str(out), "--engine", "ray", "--address",
+            joined.cluster.address, "--checkpoint", f"pose={tiny_checkpoints['pose']}", *POSE, "--batch-size", "1",
+            "--rows-per-part", "2"]  # fmt: skip
+    env = {**joined.cluster.env, "SAPIENS2_PROGRESS_SECONDS": "0.5", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "sapiens2", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     parts = lambda: list((out / "pose").glob("part-*.parquet"))  # noqa: E731
-    wait_until(lambda: parts() or proc.poll() is not None, 240)
+    wait_until(lambda: bool(parts()) or proc.poll() is not None, 300)
     proc.send_signal(signal.SIGKILL)
     printed, errors = proc.communicate(timeout=60)
     committed = len(parts())
     assert 1 <= committed < len(made) // 2, f"not killed midway ({committed} parts): {errors[-2000:]}"
     rows = batch.read_task(str(out), "pose")
     assert rows.num_rows == 2 * committed and rows["error"].null_count == rows.num_rows
-    assert (out / "pose" / JOB_FILE).is_file() and (out / LOCK_FILE).exists()
-    assert "progress: " in printed and " rows/s · 0 errors" in printed  # stdout is a pipe here
-    assert main(args) == 0
-    sources = batch.read_task(str(out), "pose")["source"].to_pylist()
-    assert sorted(sources) == sorted(str(p) for p in made)
+    assert (out / "pose" / JOB_FILE).is_file()
+    assert "progress: " in printed and "/16 photos · " in printed and " rows/s · 0 errors" in printed
+
+
+def test_the_connect_timeout_and_the_shipped_settings_are_checked():
+    from sapiens2.batch.cluster import CONNECT_TIMEOUT_ENV, connect_timeout
+
+    assert connect_timeout(None, {}) == 30.0 and connect_timeout(None, {CONNECT_TIMEOUT_ENV: "2.5"}) == 2.5
+    assert connect_timeout(4, {CONNECT_TIMEOUT_ENV: "9"}) == 4.0  # the flag before the variable
+    with pytest.raises(OptionError, match=r"\$SAPIENS2_RAY_CONNECT_TIMEOUT takes seconds"):
+        connect_timeout(None, {CONNECT_TIMEOUT_ENV: "soon"})
+    with pytest.raises(OptionError, match="--connect-timeout takes seconds between"):
+        connect_timeout(-1)
+    given = {"AWS_ENDPOINT_URL": "http://s3", "HF_HOME": "/hf", "SAPIENS2_CPUS": "1", "PATH": "/bin",
+             "RAY_ADDRESS": "auto", "HF_TOKEN": "", "SAPIENS2_CHECKPOINTS": "/w"}  # fmt: skip
+    assert shipped_env(given) == {
+        "AWS_ENDPOINT_URL": "http://s3",
+        "HF_HOME": "/hf",
+        "SAPIENS2_CHECKPOINTS": "/w",
+    }

@@ -145,4 +145,10 @@ def plan_layout(job: BatchJob, opts: RayOptions, cluster: dict[str, float], node
         hw = plan.network_hw or tuple(stages[plan.task].cpu_pipeline().network_hw)
         need = footprint.forward_actor_bytes(plan, hw, job, pools.gpus > 0)
         memory[f"forward {plan.task.name}"] = footprint.capped(need, nodes)
+    # every actor plus one read and one write step must fit the cluster's memory, or the pipeline
+    # could wait for ever: shrink the requests together where they would not
+    total = sum(v * opts.actors for k, v in memory.items() if k.startswith("forward")) + 2 * cpu_step
+    room = cluster.get("memory", 0)
+    if room and total > room:
+        memory = {k: int(v * room / total) for k, v in memory.items()}
     return Layout(pools, tuple(finding) if pools.finders else (), in_read, steps, memory)

@@ -11,8 +11,6 @@ The probes are deleted at once.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -21,8 +19,6 @@ from ..errors import OptionError
 from .job import BatchJob, ModelPlan
 from .store import Store
 
-#: Seconds one check (INPUT, OUT, the weights) may take on a worker before it is reported as hung.
-STEP_SECONDS = 60.0
 #: Seconds for every node's check, worker start included.
 CHECK_SECONDS = 180.0
 
@@ -90,31 +86,16 @@ def _out_problem(store: Store, probe: str) -> str | None:
 
 
 def worker_problems(job: BatchJob, source: str, store: Store, probe: str) -> tuple[str, list[str]]:
-    """Run in a Ray task on one node: (the node's address, what this worker cannot do). Each check
-    gets :data:`STEP_SECONDS`; one that hangs (an unreachable endpoint) is reported as such."""
+    """Run in a Ray task on one node: (the node's address, what this worker cannot do). One that
+    hangs (an endpoint that does not answer) is the driver's timeout, named by node."""
     import ray
 
-    checks = {
-        "INPUT": lambda: _input_problem(job, source),
-        "OUT": lambda: _out_problem(store, probe),
-        "the weights": lambda: (
-            next(filter(None, map(weights_problem, _models(job))), None) or _detector_problem(job)
-        ),
-    }
-    pool = ThreadPoolExecutor(len(checks), thread_name_prefix="sapiens2-check")
-    futures = {what: pool.submit(check) for what, check in checks.items()}
-    found = []
-    for what, future in futures.items():
-        try:
-            problem = future.result(timeout=STEP_SECONDS)
-        except FutureTimeout:
-            problem = f"{what}: no answer in {STEP_SECONDS:g} s (an endpoint that does not answer?)"
-        except Exception as err:
-            problem = f"{what}: {type(err).__name__}: {' '.join(str(err).split())}"
-        if problem:
-            found.append(problem)
-    pool.shutdown(wait=False)
-    return ray.util.get_node_ip_address(), found
+    found = [
+        _input_problem(job, source),
+        _out_problem(store, probe),
+        next(filter(None, map(weights_problem, _models(job))), None) or _detector_problem(job),
+    ]
+    return ray.util.get_node_ip_address(), [p for p in found if p]
 
 
 def check_workers(job: BatchJob, source: str, store: Store, seconds: float = CHECK_SECONDS) -> int:
@@ -140,7 +121,10 @@ def check_workers(job: BatchJob, source: str, store: Store, seconds: float = CHE
         where = f"node {node['NodeManagerAddress']}"
         if ref not in ready:
             ray.cancel(ref, force=True)
-            problems.append(f"{where}: the check did not end in {seconds:g} s")
+            problems.append(
+                f"{where}: reading INPUT, writing OUT or finding the weights did not end in {seconds:g} s "
+                "(an endpoint that does not answer?)"
+            )
             continue
         _, found = ray.get(ref)
         problems += [f"{where}: {p}" for p in found]
