@@ -274,3 +274,20 @@ def test_out_of_memory_advice_stays_within_the_generation() -> None:
 
     assert "(v1-0.3b, v1-0.6b)" in str(out_of_memory(zoo.get_task("normal"), "v1-1b"))
     assert "(0.4b, 0.8b)" in str(out_of_memory(zoo.get_task("normal"), "1b"))
+
+
+def test_the_28_classes_land_on_the_29_class_names_and_palette(v1_dir: Path) -> None:
+    """Spec 4.2's table (v1 id, name, RGB): v1 id k >= 2 is the 29-class id k + 1, same name and
+    colour; id 2 (Eyeglass) is never chosen."""
+    from sapiens2.data.metadata import SEG_CLASS_NAMES, SEG_PALETTE
+
+    spec = {0: ("Background", (50, 50, 50)), 1: ("Apparel", (255, 218, 0)), 2: ("Face_Neck", (128, 200, 255)),
+            13: ("Right_Foot", (204, 131, 0)), 22: ("Upper_Clothing", (0, 128, 72)), 27: ("Tongue", (82, 21, 114))}  # fmt: skip
+    for v1_id, (name, rgb) in spec.items():
+        ours = v1_id if v1_id < 2 else v1_id + 1
+        assert SEG_CLASS_NAMES[ours] == name and tuple(SEG_PALETTE[ours]) == rgb
+    assert SEG_CLASS_NAMES[2] == "Eyeglass" and zoo.V1_RULES.seg_missing == (2,)
+    model = load_model("seg", checkpoint=v1_dir / "sapiens_tiny_seg_torchscript.pt2", device="cpu")
+    logits = torch.zeros(1, 28, 4, 4)
+    logits[0, 27] = 1.0  # v1's Tongue everywhere
+    assert (model._typed(logits).logits.argmax(1) == 28).all()

@@ -26,7 +26,11 @@ _REPO = re.compile(r"^facebook/sapiens2-(?P<task>[a-z]+)-(?P<size>\d.*)$")
 
 def default_repos() -> frozenset[str]:
     """Repo ids of the checkpoints the app loads by default on a GPU, plus the person detector."""
-    repos = {spec.repo_id(spec.default_size_gpu) for spec in TASKS.values() if spec.on_hub}
+    repos = {
+        spec.repo_id(spec.default_size_gpu)
+        for spec in TASKS.values()
+        if spec.on_hub and not is_v1(spec.default_size_gpu)  # the preload's (v1 repos are never pruned)
+    }
     return frozenset(repos | {DETECTOR.repo_id})
 
 

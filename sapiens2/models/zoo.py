@@ -32,8 +32,8 @@ class Rules:
 
     ``mean``/``std`` are on the 0-255 scale, RGB. ``dense_resize``: how seg/normal/depth make
     their network input ("release": each task's Sapiens2 rule; "stretch": the whole photo
-    bilinearly to the input size, aspect ignored). ``seg_missing``: class ids of the 29-class set the model has no
-    channel for (v1's 28 classes lack Eyeglass, id 2)."""
+    bilinearly to the input size, aspect ignored). ``seg_missing``: class ids of the 29-class set
+    the model has no channel for (v1's 28 classes lack Eyeglass, id 2)."""
 
     generation: str
     license: str

@@ -87,11 +87,10 @@ class PoseResult(TaskResult):
             from ..data.keypoint_sets import BY_NAME
 
             kset = BY_NAME[self.keypoint_set]
-            out["keypoint_set_points"] = {
-                "names": list(kset.names),
-                "people": [[[round(float(x), 2), round(float(y), 2), round(float(c), 4)]
-                            for (x, y), c in zip(kp, sc, strict=True)] for kp, sc in zip(*self.native, strict=True)],
-            }  # fmt: skip
+            triples = np.concatenate([self.native[0], self.native[1][..., None]], axis=-1)  # (P, K, 3)
+            people = [[[round(float(x), 2), round(float(y), 2), round(float(c), 4)] for x, y, c in person]
+                      for person in triples]  # fmt: skip
+            out["keypoint_set_points"] = {"names": list(kset.names), "people": people}
         out["flip_test"] = self.flip_test
         out["notices"] = list(self.notices)
         return out
