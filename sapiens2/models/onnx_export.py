@@ -170,6 +170,7 @@ def _quantize(src: Path, dst: Path) -> Path:
     """Dynamic quantisation, int8 weights (QInt8), of the MatMuls (the transformer's linear layers)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    src = _weights_as_initializers(src, dst.with_name("weights.onnx"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its advice to pre-process is for static quantisation
         quantize_dynamic(
@@ -179,6 +180,29 @@ def _quantize(src: Path, dst: Path) -> Path:
             op_types_to_quantize=["MatMul"],
             use_external_data_format=src.stat().st_size > EXTERNAL_DATA_BYTES or _has_external(src),
         )
+    return dst
+
+
+def _weights_as_initializers(src: Path, dst: Path) -> Path:
+    """``src`` with its large Constant nodes as initializers: the quantiser reads weights only from
+    initializers, and the exporter writes the fused qkv weights (made when the model loads) as
+    Constant nodes."""
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(src))
+    keep = []
+    for node in proto.graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        if node.op_type == "Constant" and value is not None and len(value.dims) == 2 and min(value.dims) > 1:
+            tensor = numpy_helper.from_array(numpy_helper.to_array(value), node.output[0])
+            proto.graph.initializer.append(tensor)
+        else:
+            keep.append(node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(keep)
+    large = sum(t.ByteSize() for t in proto.graph.initializer) > EXTERNAL_DATA_BYTES
+    onnx.save_model(proto, str(dst), save_as_external_data=large, location=dst.name + ".data")
     return dst
 
 
