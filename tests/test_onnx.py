@@ -9,6 +9,7 @@ to keep the suite fast, the pointmap at its fixed 1024x768).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ SMALL = (128, 96)  # network input of the quick files
 FIXED = {"pointmap": (1024, 768)}  # its scale branch is sized for the trained input
 #: relative tolerance of ORT fp32 against torch fp32 (issue 42)
 RTOL = 1e-4
+INT8 = ("features", "pose", "seg")  # int8 here; every task's int8 error: bench/onnx.py
 
 
 def hw_of(task: str) -> tuple[int, int]:
@@ -54,7 +56,7 @@ def onnx_files(
 
 @pytest.fixture(scope="session")
 def int8_files(onnx_files: dict[str, Path]) -> dict[str, Path]:
-    return {t: quantize_file(p, p.with_name(f"{t}_int8.onnx")) for t, p in onnx_files.items()}
+    return {t: quantize_file(p, p.with_name(f"{t}_int8.onnx")) for t, p in onnx_files.items() if t in INT8}
 
 
 def rel_err(ref: torch.Tensor, got: torch.Tensor) -> float:
@@ -146,7 +148,7 @@ def test_pipeline_results_match_torch(task: str, onnx_files: dict, tiny_checkpoi
 
 def test_int8_is_close_and_smaller(onnx_files: dict, int8_files: dict) -> None:
     """int8 error on the tiny models (the figures in docs/ONNX.md come from bench/onnx.py)."""
-    for task in ("features", "pose", "seg"):
+    for task in INT8:
         fp32, int8 = OnnxModel(onnx_files[task]), OnnxModel(int8_files[task])
         assert int8.onnx_dtype == "int8" and int8_files[task].stat().st_size < onnx_files[task].stat().st_size
         x = torch.randn(1, 3, *fp32.input_hw, generator=torch.Generator().manual_seed(2))
@@ -157,13 +159,35 @@ def test_int8_is_close_and_smaller(onnx_files: dict, int8_files: dict) -> None:
             assert 0 < rel_err(r, g) < 0.2, (task, field)  # quantised: not equal, not far
 
 
-def test_cli_export_and_run(onnx_files: dict, tiny_checkpoints: dict, tmp_path: Path, capsys) -> None:
+def test_cli_export_and_run(
+    onnx_files: dict, int8_files: dict, tiny_checkpoints: dict, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """The command's arguments reach export_onnx (the export itself: the onnx_files fixture)."""
     from sapiens2.cli import main
+    from sapiens2.models import onnx_export
 
+    seen = {}
+
+    def stand_in(task, out, **kwargs):
+        seen.update(task=task, out=out, **kwargs)
+        return Path(shutil.copy(int8_files[task], out))
+
+    monkeypatch.setattr(onnx_export, "export_onnx", stand_in)
     out = tmp_path / "f.onnx"
-    assert main(["export", "features", "--format", "onnx", "--checkpoint", str(tiny_checkpoints["features"]),
-                 "--int8", "--out", str(out)]) == 0  # fmt: skip
-    assert {p.key: p.value for p in onnx.load(str(out)).metadata_props}["sapiens2.dtype"] == "int8"
+    ckpt = str(tiny_checkpoints["features"])
+    assert (
+        main(["export", "features", "--format", "onnx", "--checkpoint", ckpt, "--int8", "--out", str(out)])
+        == 0
+    )
+    assert seen == {
+        "task": "features",
+        "out": str(out),
+        "size": None,
+        "checkpoint": ckpt,
+        "int8": True,
+        "fp16": False,
+    }
+    monkeypatch.undo()
     photo = tmp_path / "p.png"
     from PIL import Image
 
@@ -189,26 +213,32 @@ def test_cli_export_and_run(onnx_files: dict, tiny_checkpoints: dict, tmp_path: 
 
 
 def test_runtime_onnxruntime_exports_once_into_the_cache(
-    tiny_checkpoints: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    onnx_files: dict, tiny_checkpoints: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(onnx_cache.CACHE_ENV, str(tmp_path / "cache"))
     calls = []
     from sapiens2.models import onnx_export  # cached_onnx imports its export_onnx when it runs
 
-    original = onnx_export.export_onnx
-
-    def counting(*args, **kwargs):
-        calls.append(args)
-        return original(*args, **kwargs)
+    def counting(task, out, **kwargs):  # the export itself is the fixture's; this counts the calls
+        calls.append((task, kwargs))
+        return Path(shutil.copy(onnx_files[task], out))
 
     monkeypatch.setattr(onnx_export, "export_onnx", counting)
     pipe = pipeline_class("matting")(checkpoint=tiny_checkpoints["matting"], runtime="onnxruntime")
     assert isinstance(pipe.model, OnnxModel) and len(calls) == 1
-    again = load_model("matting", checkpoint=tiny_checkpoints["matting"], runtime="onnxruntime")
+    again = pipeline_class("matting")(checkpoint=tiny_checkpoints["matting"], runtime="onnxruntime").model
     assert again.checkpoint_path == pipe.model.checkpoint_path and len(calls) == 1  # the cached file
     assert Path(again.checkpoint_path).parent.parent == tmp_path / "cache"
+    from sapiens2.cli import build_parser
+    from sapiens2.cli.batch import build_job
+
+    argv = ["batch", "matting", str(tmp_path), "--out", str(tmp_path / "out"), "--runtime", "onnxruntime"]
+    job, _, _ = build_job(
+        build_parser().parse_args([*argv, "--checkpoint", f"matting={tiny_checkpoints['matting']}"])
+    )
+    assert job.plans[0].model.checkpoint == again.checkpoint_path and len(calls) == 1  # batch: the same file
     with pytest.raises(OptionError, match="runtime"):
-        load_model("matting", checkpoint=tiny_checkpoints["matting"], runtime="tensorflow")
+        pipeline_class("matting")(checkpoint=tiny_checkpoints["matting"], runtime="tensorflow")
 
 
 def test_bad_files_and_inputs_get_one_clear_message(onnx_files: dict, tmp_path: Path) -> None:

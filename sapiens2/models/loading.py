@@ -61,7 +61,6 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     rope_dtype: torch.dtype | None = None,
-    runtime: str | None = None,
 ) -> nn.Module:
     """A ready ``eval()`` Sapiens2 model for ``task``; ``model(pixel_values)`` returns its output dataclass.
 
@@ -70,12 +69,11 @@ def load_model(
     for the device. ``device`` defaults to CUDA when available; ``dtype`` (bf16 on CUDA, fp32
     elsewhere) is the backbone's and the heads' trunk; each head's final projection and the
     pointmap scale branch stay float32 (``nn.heads``). ``rope_dtype``: None = the release's
-    bfloat16 RoPE, ``torch.float32`` = transformers'. ``runtime``: "torch" (None), or
-    "onnxruntime" / "onnxruntime-int8": the model exported to ONNX once (``models.onnx_cache``)
-    and run by ONNX Runtime; an ``.onnx`` checkpoint always runs there.
+    bfloat16 RoPE, ``torch.float32`` = transformers'. An ``.onnx`` checkpoint runs in ONNX Runtime
+    (``models.onnx_runtime``) behind the same interface.
     """
-    if is_onnx(checkpoint) or (runtime not in (None, "torch")):
-        return _load_onnx(task, size, checkpoint, device, dtype, runtime)
+    if is_onnx(checkpoint):
+        return _load_onnx(task, size, checkpoint, device)
     spec = get_task(task)
     if size is not None:
         spec.check_size(size)
@@ -105,23 +103,20 @@ def load_model(
 
 
 def _load_onnx(
-    task: str,
-    size: str | None,
-    checkpoint: str | os.PathLike | None,
-    device: str | torch.device | None,
-    dtype: torch.dtype | str | None,
-    runtime: str | None,
+    task: str, size: str | None, path: str | os.PathLike, device: str | torch.device | None
 ) -> nn.Module:
-    """An exported network behind the same model interface (``models.onnx_runtime``)."""
-    from .onnx_cache import cached_onnx, check_runtime
+    """An exported network behind the same model interface (``models.onnx_runtime``); a size
+    only checks the file, as for any explicit checkpoint. ``dtype`` is not applied: the file's
+    precision is its own (export with --fp16 or --int8); its input and outputs are float32."""
     from .onnx_runtime import load_onnx
 
-    check_runtime(runtime)
-    if not is_onnx(checkpoint):
-        fp16 = dtype in (torch.float16, "fp16", "float16")
-        checkpoint = cached_onnx(task, size, checkpoint, runtime=runtime or "onnxruntime", fp16=fp16)
-        dtype = None  # the file's own
-    return load_onnx(task, checkpoint, size=size, device=device, dtype=dtype)
+    if size is not None:
+        get_task(task).check_size(size)
+    model = load_onnx(task, path, device)
+    conflict = checkpoint_size_conflict(model.size, size)
+    if conflict is not None:
+        raise CheckpointError(f"{path} is size {model.size}, not {size}. {conflict}")
+    return model
 
 
 def describe_checkpoint(path: str | os.PathLike) -> dict[str, object]:

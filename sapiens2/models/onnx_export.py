@@ -1,7 +1,7 @@
 """Export a Sapiens2 task model to ONNX (the network only; docs/ONNX.md).
 
 The file takes ``pixel_values`` (float32, (N, 3, H, W), RGB, already normalised) with a dynamic
-batch axis and gives the typed output's tensors under the names of :data:`OUTPUTS`. What a
+batch axis and gives the typed output's tensors under the names of ``onnx_runtime.OUTPUTS``. What a
 consumer needs to preprocess and read it (input size, mean/std, outputs, keypoint or class names,
 package version) goes into the file's metadata (:func:`metadata`), so nothing else is needed.
 
@@ -12,7 +12,6 @@ with a Cast pair, which gives the same numbers (:func:`_rope_as_bfloat16`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -29,36 +28,12 @@ from torch import nn
 
 from ..errors import OptionError
 from .nn import backbone as backbone_module
+from .onnx_runtime import need, output_names
 from .zoo import IMAGE_MEAN, IMAGE_STD, INPUT_SIZE, get_task
 
 OPSET = 18
 #: Files whose weights exceed this go to one external data file beside the .onnx (protobuf's 2 GB cap).
 EXTERNAL_DATA_BYTES = 1_800_000_000
-#: Per output type: (ONNX output name, field of the output dataclass, meaning). ``{task}``: the task's name.
-OUTPUTS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "FeaturesOutput": (
-        ("cls", "cls_embedding", "(N, D) CLS embedding after the final norm"),
-        ("patch_features", "patch_features", "(N, D, H/16, W/16) patch features after the final norm"),
-    ),
-    "PoseOutput": (("heatmaps", "heatmaps", "(N, K, H/4, W/4) keypoint heatmaps, K = sapiens2.keypoints"),),
-    "SegOutput": (("logits", "logits", "(N, C, H, W) class logits, C = sapiens2.classes"),),
-    "NormalOutput": (("normal", "normals", "(N, 3, H, W) surface normals (x, y, z), not unit length"),),
-    "PointmapOutput": (
-        ("pointmap", "pointmap", "(N, 3, H, W) canonical camera-space points; divide by scale for metres"),
-        ("scale", "scale", "(N, 1) canonical focal (768 px at the input) / the photo's focal"),
-    ),
-    "MattingOutput": (
-        ("foreground", "foreground", "(N, 3, H, W) premultiplied RGB foreground in [0, 1]"),
-        ("alpha", "alpha", "(N, 1, H, W) alpha in [0, 1]"),
-    ),
-    "DenseOutput": (("{task}", "values", "(N, C, H, W) the head's {task} map as it is"),),
-}
-
-
-def output_names(task: str) -> list[tuple[str, str, str]]:
-    """(ONNX name, output field, meaning) of ``task``'s outputs, in the file's order."""
-    rows = OUTPUTS.get(get_task(task).output, OUTPUTS["DenseOutput"])
-    return [(n.format(task=task), f, m.format(task=task)) for n, f, m in rows]
 
 
 def _version() -> str:
@@ -121,7 +96,6 @@ def export_onnx(
     activations (for GPUs; the input and outputs stay float32).
     """
     from .loading import load_model
-    from .onnx_runtime import need
 
     need("onnx"), need("onnxruntime")  # before minutes of loading and tracing
     if int8 and fp16:
@@ -196,6 +170,7 @@ def _quantize(src: Path, dst: Path) -> Path:
     """Dynamic quantisation, int8 weights (QInt8), of the MatMuls (the transformer's linear layers)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    src = _weights_as_initializers(src, dst.with_name("weights.onnx"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its advice to pre-process is for static quantisation
         quantize_dynamic(
@@ -205,6 +180,29 @@ def _quantize(src: Path, dst: Path) -> Path:
             op_types_to_quantize=["MatMul"],
             use_external_data_format=src.stat().st_size > EXTERNAL_DATA_BYTES or _has_external(src),
         )
+    return dst
+
+
+def _weights_as_initializers(src: Path, dst: Path) -> Path:
+    """``src`` with its large Constant nodes as initializers: the quantiser reads weights only from
+    initializers, and the exporter writes the fused qkv weights (made when the model loads) as
+    Constant nodes."""
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(src))
+    keep = []
+    for node in proto.graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        if node.op_type == "Constant" and value is not None and len(value.dims) == 2 and min(value.dims) > 1:
+            tensor = numpy_helper.from_array(numpy_helper.to_array(value), node.output[0])
+            proto.graph.initializer.append(tensor)
+        else:
+            keep.append(node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(keep)
+    large = sum(t.ByteSize() for t in proto.graph.initializer) > EXTERNAL_DATA_BYTES
+    onnx.save_model(proto, str(dst), save_as_external_data=large, location=dst.name + ".data")
     return dst
 
 
@@ -329,8 +327,3 @@ def _rope_as_bfloat16(
         second = _bf16(prod[..., half:] + _bf16(xb[..., :half] * sin[:, half:]))
         out.append(torch.cat((first, second), dim=-1).to(x.dtype))
     return out[0], out[1]
-
-
-def fields_of(output: Any) -> list[str]:
-    """The field names of a typed model output (for tests and the runtime's mapping)."""
-    return [f.name for f in dataclasses.fields(output)]

@@ -25,6 +25,33 @@ from ..runtime.threads import configure_cpu_threads
 from .nn.outputs import TaskOutput, output_type
 from .zoo import TASKS, get_task
 
+#: Per output type: (ONNX output name, field of the output dataclass, meaning). ``{task}``: the task's name.
+OUTPUTS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "FeaturesOutput": (
+        ("cls", "cls_embedding", "(N, D) CLS embedding after the final norm"),
+        ("patch_features", "patch_features", "(N, D, H/16, W/16) patch features after the final norm"),
+    ),
+    "PoseOutput": (("heatmaps", "heatmaps", "(N, K, H/4, W/4) keypoint heatmaps, K = sapiens2.keypoints"),),
+    "SegOutput": (("logits", "logits", "(N, C, H, W) class logits, C = sapiens2.classes"),),
+    "NormalOutput": (("normal", "normals", "(N, 3, H, W) surface normals (x, y, z), not unit length"),),
+    "PointmapOutput": (
+        ("pointmap", "pointmap", "(N, 3, H, W) canonical camera-space points; divide by scale for metres"),
+        ("scale", "scale", "(N, 1) canonical focal (768 px at the input) / the photo's focal"),
+    ),
+    "MattingOutput": (
+        ("foreground", "foreground", "(N, 3, H, W) premultiplied RGB foreground in [0, 1]"),
+        ("alpha", "alpha", "(N, 1, H, W) alpha in [0, 1]"),
+    ),
+    "DenseOutput": (("{task}", "values", "(N, C, H, W) the head's {task} map as it is"),),
+}
+
+
+def output_names(task: str) -> list[tuple[str, str, str]]:
+    """(ONNX name, output field, meaning) of ``task``'s outputs, in the file's order."""
+    rows = OUTPUTS.get(get_task(task).output, OUTPUTS["DenseOutput"])
+    return [(n.format(task=task), f, m.format(task=task)) for n, f, m in rows]
+
+
 #: Execution providers used when present, best first (CPU is always there).
 PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 _GPU_PROVIDERS = PROVIDERS[:2]
@@ -121,8 +148,6 @@ class OnnxModel(nn.Module):
 
     def __init__(self, path: str | os.PathLike, device: str | torch.device | None = None) -> None:
         super().__init__()
-        from .onnx_export import output_names
-
         ort = _ort()
         info = describe_onnx(path)
         self.task: str = str(info["task"])
@@ -175,29 +200,13 @@ class OnnxModel(nn.Module):
         return self.output_type(**{f: torch.from_numpy(o) for f, o in zip(self._fields, outs, strict=True)})
 
 
-def load_onnx(
-    task: str,
-    path: str | os.PathLike,
-    *,
-    size: str | None = None,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype | str | None = None,
-) -> OnnxModel:
-    """``load_model`` for an ``.onnx`` checkpoint: the file's task must be ``task``; a size only
-    checks it (as for any explicit checkpoint). ``dtype`` is not applied: the file's precision is
-    its own (export with --fp16 or --int8), and its input and outputs are float32."""
-    from .loading import checkpoint_size_conflict
-
-    spec = get_task(task)
-    if size is not None:
-        spec.check_size(size)
+def load_onnx(task: str, path: str | os.PathLike, device: str | torch.device | None = None) -> OnnxModel:
+    """The ``.onnx`` file at ``path`` as ``task``'s model (CheckpointError when it is another task's)."""
+    get_task(task)
     model = OnnxModel(path, device)
     if model.task != task:
         raise CheckpointError(
             f"{path} is an ONNX {model.task} model, not {task}: load it with "
             f"load_model({model.task!r}, checkpoint=...) or pass a {task} file."
         )
-    conflict = checkpoint_size_conflict(model.size, size)
-    if conflict is not None:
-        raise CheckpointError(f"{path} is size {model.size}, not {size}. {conflict}")
     return model.eval()

@@ -130,10 +130,13 @@ class Pipeline:
 
         self._check_parts(parts)
         self.spec: TaskSpec = get_task(self.task)
+        if model is None and runtime not in (None, "torch"):  # exported once, run by ONNX Runtime
+            from ..models.onnx_cache import cached_onnx
+
+            fp16 = dtype == torch.float16
+            checkpoint = cached_onnx(self.task, size, checkpoint, runtime=runtime, fp16=fp16)
         if model is None:
-            model = load_model(
-                self.task, size, checkpoint=checkpoint, device=device, dtype=dtype, runtime=runtime
-            )
+            model = load_model(self.task, size, checkpoint=checkpoint, device=device, dtype=dtype)
         self.model = model
         self.size: str | None = getattr(model, "size", size)
         if self.input_hw is None and getattr(model, "input_hw", None):  # an ONNX file fixes its input
