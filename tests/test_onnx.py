@@ -31,7 +31,7 @@ SMALL = (128, 96)  # network input of the quick files
 FIXED = {"pointmap": (1024, 768)}  # its scale branch is sized for the trained input
 #: relative tolerance of ORT fp32 against torch fp32 (issue 42)
 RTOL = 1e-4
-INT8 = ("features", "pose", "seg")  # int8 here; every task's int8 error: bench/onnx.py
+INT8 = ("features", "pose", "seg")  # int8 here; every task's int8 error: bench/onnx_speed.py
 
 
 def hw_of(task: str) -> tuple[int, int]:
@@ -147,7 +147,7 @@ def test_pipeline_results_match_torch(task: str, onnx_files: dict, tiny_checkpoi
 
 
 def test_int8_is_close_and_smaller(onnx_files: dict, int8_files: dict) -> None:
-    """int8 error on the tiny models (the figures in docs/ONNX.md come from bench/onnx.py)."""
+    """int8 error on the tiny models (the figures in docs/ONNX.md come from bench/onnx_speed.py)."""
     for task in INT8:
         fp32, int8 = OnnxModel(onnx_files[task]), OnnxModel(int8_files[task])
         assert int8.onnx_dtype == "int8" and int8_files[task].stat().st_size < onnx_files[task].stat().st_size

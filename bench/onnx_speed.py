@@ -13,8 +13,8 @@ Models have the published shapes and random weights (nothing is downloaded), so 
 how int8 moves these networks' numbers, not how it changes results on trained weights. Not a test:
 the numbers depend on the machine and on what else runs on it; the load average is recorded.
 
-    python bench/onnx.py --json onnx.json                               # everything (long on 2 cores)
-    python bench/onnx.py --sections forward --sizes 0.1b --batches 1 --runs 3
+    python bench/onnx_speed.py --json onnx.json                               # everything (long on 2 cores)
+    python bench/onnx_speed.py --sections forward --sizes 0.1b --batches 1 --runs 3
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-# this file is bench/onnx.py: with bench/ on the path, `import onnx` anywhere would find it
+# this file is bench/onnx_speed.py: with bench/ on the path, `import onnx` anywhere would find it
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
