@@ -202,7 +202,8 @@ def test_flip_test_runs_mirrors_in_the_same_batch_and_averages_as_the_release(
 
 
 def test_flip_default_is_on_for_a_gpu_off_for_a_cpu_in_ui_api_and_pipeline(pose_pipe: PosePipeline) -> None:
-    from sapiens2.ui.handlers import task_endpoint
+    from sapiens2.serving import ModelManager
+    from sapiens2.ui.handlers import Runner, task_endpoint
     from sapiens2.ui.widgets import option_widget
 
     flip = next(o for o in TASK.options if o.name == "flip_test")
@@ -211,8 +212,9 @@ def test_flip_default_is_on_for_a_gpu_off_for_a_cpu_in_ui_api_and_pipeline(pose_
     on, off = option_widget(flip, gpu=True), option_widget(flip, gpu=False)
     assert on.value is True and on.label.endswith("(on by default on this GPU)")
     assert off.value is False and off.label.endswith("(off by default on this CPU)")
+    run = Runner(ModelManager(device="cpu"))  # the endpoint's size doc reads the runner's manager
     for gpu in (True, False):
-        doc = task_endpoint(lambda *a, **k: None, TASK, gpu).__doc__
+        doc = task_endpoint(run, TASK, gpu).__doc__
         assert (
             "flip_test: also run the mirrored crops and average; default True on a GPU, False on a CPU."
             in doc
