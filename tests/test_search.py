@@ -154,7 +154,9 @@ def pose_rows(out: Path) -> None:
     """A batch OUT of pose rows written as ``sapiens2 batch pose`` writes them (no model)."""
     task = registry.get("pose")
     store = Store(str(out))
-    store.check_job(task, {"task": "pose", "options": {}})
+    made_by = {"task": "pose", "options": {}}
+    store.check_job(task, made_by)  # the run's check (reads only)
+    store.record_job(task, made_by)  # the settings, written with the first part
     kp = np.stack([a_pose(1), a_pose(2)])
     rows = [
         {"source": "s3://bucket/a.jpg", "width": 200, "height": 100, "notices": [], "keypoints": kp,
