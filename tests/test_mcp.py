@@ -84,13 +84,25 @@ def test_every_file_parameter_says_data_url_and_nothing_promises_a_web_url(tools
     assert "second photo" in tools["similarity"].inputSchema["properties"]["other_photo"]["description"]
 
 
-def test_a_call_made_as_the_schema_says_succeeds(url: str) -> None:
+def schema_size(tool: Any) -> str:
+    """The size the tool's schema offers: the tiny checkpoints are custom (no published size), so the
+    schema offers ``custom`` only, and a published size would be refused."""
+    choices = tool.inputSchema["properties"]["size"]["enum"]
+    assert choices == ["custom"], choices
+    return choices[0]
+
+
+def test_a_call_made_as_the_schema_says_succeeds(url: str, tools: dict[str, Any]) -> None:
+    seg_size, same_size, plan_size = (schema_size(tools[n]) for n in ("seg", "similarity", "video_plan"))
+
     async def calls(session: ClientSession) -> list[Any]:
-        seg = await session.call_tool("seg", {"photo": jpeg_data_url(), "size": "0.4b"})
+        seg = await session.call_tool("seg", {"photo": jpeg_data_url(), "size": seg_size})
         same = await session.call_tool(
-            "similarity", {"photo": jpeg_data_url(), "other_photo": jpeg_data_url(), "size": "0.1b"}
+            "similarity", {"photo": jpeg_data_url(), "other_photo": jpeg_data_url(), "size": same_size}
         )
-        plan = await session.call_tool("video_plan", {"clip": gif_data_url(), "task": "seg", "size": "0.4b"})
+        plan = await session.call_tool(
+            "video_plan", {"clip": gif_data_url(), "task": "seg", "size": plan_size}
+        )
         return [seg, same, plan]
 
     seg, same, plan = mcp(url, calls)
