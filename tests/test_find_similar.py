@@ -16,7 +16,7 @@ from sapiens2.errors import InputImageError
 from sapiens2.models import cost
 from sapiens2.serving import ModelManager, RequestFolders, photo_set
 from sapiens2.serving.photo_set import MAX_SET_PHOTOS, read_set
-from sapiens2.serving.runner import RequestRunner
+from sapiens2.serving.runner import RequestRunner, model_sizes
 from sapiens2.serving.similar import grouped, most_similar, photos_that_fit, run_set
 from sapiens2.tasks import registry
 
@@ -79,10 +79,16 @@ def test_photos_that_fit_follow_the_price_of_a_call(runner):
     n = photos_that_fit(runner, features, "0.1b", {})
     assert n == MAX_SET_PHOTOS  # 0.1b: about half a second a photo, 32 fit easily
     pose_n = photos_that_fit(runner, pose, "1b", {})
-    per_photo = cost.photo_seconds("1b", pose.work(pose.split({}, gpu=False)[0]))
-    start = cost.start_seconds(max(runner.manager.resident_bytes(), cost.weight_bytes(["1b"])))
+    # The price of the size that runs, as the call's (runner.call_seconds via Job.size): with a
+    # checkpoint that is the file's size, here CUSTOM (a tiny file), priced as the largest backbone.
+    size = runner.manager.resolve_size(pose, "1b")
+    infer = pose.split({}, gpu=runner.manager.cuda)[0]
+    per_photo = cost.photo_seconds(size, pose.work(infer))
+    own = cost.weight_bytes(model_sizes(pose, size, infer))
+    start = cost.start_seconds(max(runner.manager.resident_bytes(), own))
     assert pose_n == int((cost.MAX_CALL_S - start) // per_photo) - 1 < MAX_SET_PHOTOS  # fewer by pose
-    assert cost.reservation(per_photo * (pose_n + 1), cost.weight_bytes(["1b"])) <= cost.MAX_CALL_S
+    # the set and the query fit the longest call; one photo more would not
+    assert start + per_photo * (pose_n + 1) <= cost.MAX_CALL_S < start + per_photo * (pose_n + 2)
 
 
 def test_the_set_and_query_run_once_rank_and_group(runner, tmp_path):
