@@ -241,10 +241,11 @@ def test_the_post_counter_numbers_each_stream_s_frames() -> None:
 
 def test_the_app_gives_gradio_the_post_counter_beside_the_arrival_stamp() -> None:
     import app
-    from sapiens2.ui import arrival
+    from sapiens2.ui import arrival, browser_compare
 
     kwargs = app.app_kwargs()
-    assert [m.cls for m in kwargs["middleware"]] == [arrival.StampArrival, live_tab.StreamPosts]
+    middleware = [m.cls for m in kwargs["middleware"]]
+    assert middleware == [arrival.StampArrival, live_tab.StreamPosts, browser_compare.BrowserFiles]
     assert "lifespan" in kwargs  # one app_kwargs: the MCP lifespan is still there
 
 

@@ -266,7 +266,8 @@ def test_readme_keeps_two_set_up_commands_and_the_cpu_torch_note() -> None:
     section = readme.split("## Set-up: the two commands", 1)[1].split("\n## ", 1)[0]
     blocks = [b.split("\n", 1)[1].strip() for b in section.split("```")[1::2]]
     assert blocks == [
-        "pip install -r requirements.txt && python app.py",
+        # the app, and the package itself (the `sapiens2` command) without touching the pins
+        "pip install -r requirements.txt && pip install --no-deps . && python app.py",
         "pip install -r requirements-test.txt && python -m pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text().split("verbatim:\n", 1)[1].splitlines()[0]

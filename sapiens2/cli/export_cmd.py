@@ -11,6 +11,7 @@ import sys
 import time
 
 from ..errors import Sapiens2Error
+from ..models.checkpoints import CHECKPOINT_HELP, Checkpoints
 from ..models.zoo import TASKS
 
 NAME = "export"
@@ -24,7 +25,7 @@ def add(parser: argparse.ArgumentParser) -> None:
     which.add_argument(
         "--size", help="a zoo size (0.4b, 1b ...): its weights are found as the app finds them"
     )
-    which.add_argument("--checkpoint", metavar="PATH", help="a .safetensors checkpoint (file or folder)")
+    which.add_argument("--checkpoint", metavar="[TASK=]PATH", help=CHECKPOINT_HELP)
     precision = parser.add_mutually_exclusive_group()
     precision.add_argument("--int8", action="store_true", help="int8 weights (dynamic; faster on a CPU)")
     precision.add_argument("--fp16", action="store_true", help="half-precision weights (for GPUs)")
@@ -35,13 +36,20 @@ def run(args: argparse.Namespace) -> int:
     from ..models.onnx_export import export_onnx
 
     t0 = time.perf_counter()
+    try:  # PATH or TASK=PATH, as every --checkpoint (TASK must be the exported one)
+        checkpoint = (
+            args.checkpoint and Checkpoints.parse([args.checkpoint], [args.export_task])[args.export_task]
+        )
+    except Sapiens2Error as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(f"Exporting {args.export_task} to {args.out} ...", file=sys.stderr)
     try:
         path = export_onnx(
             args.export_task,
             args.out,
             size=args.size,
-            checkpoint=args.checkpoint,
+            checkpoint=checkpoint or None,
             int8=args.int8,
             fp16=args.fp16,
         )
