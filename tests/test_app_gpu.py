@@ -215,9 +215,20 @@ def test_a_model_load_reports_its_progress_to_the_visitor(served, monkeypatch) -
     assert not [u for u in updates if u[0] == "Loading model.safetensors"]
 
 
-def test_the_cli_shows_load_progress(tiny_checkpoints, tmp_path: Path, capsys) -> None:
+def test_the_cli_shows_load_progress(tiny_checkpoints, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A load that lasts past half a second shows its bar (a quicker one leaves none behind, so
+    the tiny checkpoint's first tensor is made slow: the bar's first update comes after 0.5 s)."""
     from sapiens2.cli import main
+    from sapiens2.models import loading
 
+    read, slowed = loading._read_tensor, []
+
+    def slow_read(*args: Any) -> Any:
+        if not slowed:
+            slowed.append(time.sleep(0.6))
+        return read(*args)
+
+    monkeypatch.setattr(loading, "_read_tensor", slow_read)
     argv = ["seg", str(EXAMPLE), "--checkpoint", str(tiny_checkpoints["seg"]), "--device", "cpu"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     assert "Loading model.safetensors" in capsys.readouterr().err

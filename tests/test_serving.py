@@ -141,6 +141,15 @@ def test_pinned_models_are_not_evicted_and_preload_reports_failures() -> None:
     assert set(failed) == {"pose", "matting"} and "simulated" in failed["pose"]
 
 
+def test_preload_by_default_leaves_sapiens_v1_defaults_to_their_first_use() -> None:
+    """As the Space card's preload_from_hub: depth (a v1 default) is not loaded at launch, so its
+    weights do not lengthen every ZeroGPU call's start; every other task shown is."""
+    manager = ModelManager(device="cpu", factory=CountingFactory())
+    assert manager.preload() == {}
+    shown = set(manager.tasks())
+    assert "depth" in shown and {task for task, _ in manager.loaded()} == shown - {"depth"}
+
+
 def test_trim_keeps_the_most_recent_and_clear_drops_all() -> None:
     manager = ModelManager(device="cpu", factory=CountingFactory())
     for task in ("pose", "seg", "normal"):

@@ -135,6 +135,13 @@ def reservation(work_s: float, resident_bytes: int) -> int:
     return clamp(start_seconds(resident_bytes) + max(0.0, float(work_s)))
 
 
+def work_budget(resident_bytes: int, call_s: float = MAX_CALL_S) -> float:
+    """Seconds of device work a call of ``call_s`` (by default the longest a visitor can start)
+    leaves after a fresh worker's start with ``resident_bytes`` resident: how much a planner may
+    put in one call whose reservation then stays within ``call_s``."""
+    return call_s - start_seconds(resident_bytes)
+
+
 def clamp(seconds: float) -> int:
     """Whole seconds, rounded up, within [MIN_CALL_S, MAX_CALL_S]."""
     return int(min(MAX_CALL_S, max(MIN_CALL_S, math.ceil(seconds))))

@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import OptionError, ResidencyError, Sapiens2Error
 from ..models.checkpoints import Checkpoints
 from ..models.onnx_cache import check_runtime
+from ..models.zoo import is_v1
 from ..runtime.devices import default_device
 from ..tasks import registry
 from ..tasks.registry import Task
@@ -279,11 +280,15 @@ class ModelManager:
                         del self._held[key]
 
     def preload(self, tasks: Iterable[Task] | None = None, *, pin: bool = True) -> dict[str, str]:
-        """Load the default size of each task (by default every task this server shows) and what
-        it always needs; returns task name -> error text for those that failed (nothing raises:
-        a Space must start without weights)."""
+        """Load the default size of each task (by default every task this server shows, but for
+        those whose default is a Sapiens v1 size: as on the Space card's preload, depth loads on
+        first use, so its weights do not lengthen every GPU call's start) and what it always
+        needs; returns task name -> error text for those that failed (nothing raises: a Space
+        must start without weights)."""
+        if tasks is None:
+            tasks = [t for t in self.tasks().values() if not is_v1(t.spec.default_size(self.cuda))]
         failed: dict[str, str] = {}
-        for task in self.tasks().values() if tasks is None else tasks:
+        for task in tasks:
             try:
                 self.get(task, None, pin=pin)
                 if task.warm is not None:

@@ -38,9 +38,9 @@ def photos_that_fit(runner: RequestRunner, task: Task, size: str | None, options
     size = runner.manager.resolve_size(task, size)
     infer, _ = task.split(options, gpu=runner.manager.cuda)
     own = cost.weight_bytes(model_sizes(task, size, infer))
-    start = cost.start_seconds(max(runner.manager.resident_bytes(), own))
+    budget = cost.work_budget(max(runner.manager.resident_bytes(), own))
     per_photo = cost.photo_seconds(size, task.work(infer))
-    return max(0, min(MAX_SET_PHOTOS, int((cost.MAX_CALL_S - start) // per_photo) - 1))
+    return max(0, min(MAX_SET_PHOTOS, int(budget // per_photo) - 1))
 
 
 @dataclass
