@@ -85,11 +85,13 @@ def test_large_runs_are_announced_on_zerogpu_only(monkeypatch) -> None:
 
 def _packed_at_launch() -> int:
     """bf16 bytes of what the Space preloads (each task's default size on a GPU, borrowed models
-    included once) plus DETR, counted as ``models.cost`` counts weights."""
-    from sapiens2.models.zoo import ARCHS
+    included once; not a Sapiens v1 default: depth loads on first use) plus DETR, counted as
+    ``models.cost`` counts weights."""
+    from sapiens2.models.zoo import ARCHS, is_v1
     from sapiens2.tasks import registry
 
     sizes = [t.spec.default_size(True) for t in registry.all_tasks().values()]
+    sizes = [s for s in sizes if not is_v1(s)]
     return int(sum(2e9 * ARCHS[size].params_b for size in sizes)) + 170_000_000
 
 
