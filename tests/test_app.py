@@ -275,16 +275,17 @@ def test_similarity_names_the_missing_photo(client: Client, served, tiny_checkpo
 
 
 def test_all_tasks(client: Client) -> None:
+    # pointmap and depth (v1) both take use_segmentation: /all prefixes a shared option's name with the task's
     values = client.predict(
-        photo=photo(), pose_size="0.4b", classes=["Torso"], use_segmentation=False, api_name="/all"
+        photo=photo(), pose_size="0.4b", classes=["Torso"], pointmap_use_segmentation=False, api_name="/all"
     )
-    pose, seg, normal, pointmap, matting, feats = (
-        values[0:4], values[4:8], values[8:11], values[11:15], values[15:18], values[18:22]
+    pose, seg, normal, pointmap, depth, matting, feats = (
+        values[0:4], values[4:8], values[8:11], values[11:15], values[15:19], values[19:22], values[22:26]
     )  # fmt: skip
-    assert len(values) == 23  # each tab's outputs as its own endpoint's, then the status
-    assert values[-1].startswith("6 of 6 tasks:")
+    assert len(values) == 27  # each tab's outputs as its own endpoint's, then the status
+    assert values[-1].startswith("7 of 7 tasks:")
     check_pose_json(pose[1])
-    for pair in (pose[0], seg[0], normal[0], pointmap[0], matting[0], feats[0]):
+    for pair in (pose[0], seg[0], normal[0], pointmap[0], depth[0], matting[0], feats[0]):
         check_slider(pair)
     check_files(pointmap[2], {".glb", ".npy"})
 

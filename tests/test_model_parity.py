@@ -13,7 +13,7 @@ from tiny_checkpoints import TASK_NAMES, make_tiny_model, write_header_only, zoo
 import sapiens2
 from sapiens2.errors import InputImageError
 from sapiens2.models.nn.model import arch_from_shapes, build_from_shapes
-from sapiens2.models.zoo import ARCHS
+from sapiens2.models.zoo import ARCHS, is_v1
 
 # Non-square everywhere (6x4 patch grid); the pointmap scale MLP is sized for its config's
 # image_size, so its parity model is built for 256x192 (grid 16x12 -> 8x6 -> 4x3 -> 2x2).
@@ -158,7 +158,8 @@ def test_arch_read_from_shapes(parity_models) -> None:
     }
 
 
-@pytest.mark.parametrize("size", list(ARCHS))
+# Sapiens v1 sizes are graph files (TorchScript/ExportedProgram): never read by safetensors shapes
+@pytest.mark.parametrize("size", [s for s in ARCHS if not is_v1(s)])
 def test_zoo_sizes_are_recognised_from_shapes(size: str, tmp_path: Path) -> None:
     shapes = zoo_shapes("features", size)
     params = sum(math.prod(s) for s in shapes.values())

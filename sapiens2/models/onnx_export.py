@@ -60,10 +60,14 @@ def metadata(task: str, size: str | None, input_hw: tuple[int, int], dtype: str)
     }
     from ..data.metadata import KEYPOINT_NAMES, SEG_CLASS_NAMES
 
-    if task == "pose":
-        props["sapiens2.keypoints"] = json.dumps(list(KEYPOINT_NAMES))
-    if task == "seg":
-        props["sapiens2.classes"] = json.dumps(list(SEG_CLASS_NAMES))
+    # the channel names an output's declared type has (keypoints of heatmaps, classes of logits)
+    labels = {
+        "PoseOutput": ("sapiens2.keypoints", KEYPOINT_NAMES),
+        "SegOutput": ("sapiens2.classes", SEG_CLASS_NAMES),
+    }
+    if get_task(task).output in labels:
+        key, names = labels[get_task(task).output]
+        props[key] = json.dumps(list(names))
     return props
 
 

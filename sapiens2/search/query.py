@@ -26,7 +26,7 @@ from ..inputs.intake import load_image
 from ..tasks import registry
 from .indexing import TASK_OF, parse_kinds
 from .people_store import PeopleStore
-from .vectors import mirrored, normalised, pose_vector
+from .vectors import MIRRORS, normalised, pose_vector
 
 
 @dataclass(frozen=True)
@@ -126,8 +126,8 @@ def find_similar(
         raise OptionError(f"{index} has no {kind} vectors: index it with --by {kind}.")
     row = query_rows(photo, made["made_by"])
     queries, _ = query_vectors(row, kind, person)
-    if kind == "pose" and mirror:
-        queries = np.concatenate([queries, mirrored(queries)])
+    if mirror and kind in MIRRORS:
+        queries = np.concatenate([queries, MIRRORS[kind](queries)])
     best: dict[tuple[str, int], tuple[float, tuple[float, ...]]] = {}
     for q in queries:
         found = store.nearest(kind, q, k)

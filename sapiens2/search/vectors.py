@@ -14,6 +14,8 @@ exact, in memory, no database.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..data.metadata import FLIP_INDEX, NUM_KEYPOINTS
@@ -60,6 +62,10 @@ def mirrored(vectors: np.ndarray) -> np.ndarray:
     v = np.asarray(vectors, np.float32).reshape(-1, NUM_KEYPOINTS, 2)[:, FLIP_INDEX].copy()
     v[..., 0] *= -1
     return v.reshape(-1, POSE_DIM)
+
+
+#: Search kind -> its vectors' mirror image (a pose is searched as seen and mirrored; appearance is not).
+MIRRORS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"pose": mirrored}
 
 
 def top_k(query: np.ndarray, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -52,6 +52,7 @@ from ..models.zoo import ARCHS
 from ..tasks.base import finish_batch, prepare_batch
 from ..tasks.registry import Task
 from ..video.depth import DepthScale, foreground_depth, render_depth_frame
+from ..video.handlers import HANDLERS, DepthFrames, PoseFrames
 from ..video.people import FramePeople, PoseTracking, TrackingOptions, draw_people
 from .cache import ModelManager
 from .device import Batch, Detect, Device, OneTask, local_device
@@ -289,11 +290,12 @@ class LiveSession:
         setup = live_setup(self.manager, options)
         restart = self._last_done is not None and at - self._last_done > RESTART_AFTER_S
         if self._setup is None or setup.key != self._setup.key or restart:
-            kind = setup.decl.video.handler if setup.decl.video else "frames"
-            if kind == "tracks":
+            # the state a stream keeps is its declared handler's (tracks: people; depth: colour scale)
+            handler = HANDLERS[setup.decl.video.handler] if setup.decl.video else None
+            if handler is not None and issubclass(handler, PoseFrames):
                 threshold = float({**setup.decl.video_render_defaults(), **setup.given}["threshold"])
                 setup.people = PoseTracking(options.tracking, threshold)
-            elif kind == "depth":
+            elif handler is not None and issubclass(handler, DepthFrames):
                 setup.scale = DepthScale()
             self.stats, self._k = LiveStats(), 0
         else:  # same model and stream: keep the tracks and the colour scale, take the new rendering

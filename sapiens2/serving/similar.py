@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import InputImageError
 from ..inputs.intake import Intake, load_image
 from ..models import cost
-from ..search.vectors import kmeans, mirrored, normalised, pose_vector, top_k
+from ..search.vectors import MIRRORS, kmeans, normalised, pose_vector, top_k
 from ..tasks.registry import Task
 from .photo_set import MAX_SET_PHOTOS
 from .runner import RequestRunner, model_sizes
@@ -124,7 +124,7 @@ def run_set(
             "No person in the query photo could be searched by (too few confident keypoints)."
         )
     biggest = max(found, key=lambda p: (p.box[2] - p.box[0]) * (p.box[3] - p.box[1]))
-    query_vectors = [biggest.vector] + ([mirrored(biggest.vector)[0]] if kind == "pose" else [])
+    query_vectors = [biggest.vector] + ([MIRRORS[kind](biggest.vector)[0]] if kind in MIRRORS else [])
     return PeopleSet(key, kind, names, pictures, people, query=query_vectors)
 
 

@@ -196,8 +196,9 @@ class DepthFrames(DenseFrames):
 
     def keep_raw(self, result: Any) -> None:
         arrays = self.raw_arrays(result)
-        if "depth" in arrays:
-            self._raw_depths.append(arrays["depth"])
+        depth = arrays.get("depth")  # the result's depth array (an NPZ field, not the task's name)
+        if depth is not None:
+            self._raw_depths.append(depth)
         if arrays:
             self.raw.add(arrays)
 
