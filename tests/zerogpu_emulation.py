@@ -523,6 +523,9 @@ def scenario_quota(tmp: Path, checkpoints_json: str, policy: str, quota: str, *f
     checkpoints = json.loads(Path(checkpoints_json).read_text())
     manager = serving.ModelManager(checkpoints=checkpoints, on_change=zerogpu.resident_changed)
     manager.resident_bytes = lambda: SPACE_RESIDENT_BYTES  # the Space's set, not the tiny models
+    # the tiny files stand in for the Space's default files: priced and named as those (a file of
+    # no published size is "custom", priced as the costliest backbone), while they do the work
+    manager.checkpoint_size = lambda task: task.spec.default_size(True)
     app.build_demo(manager)
     runner = Runner(manager)
     ends = VideoEndpoints(runner)

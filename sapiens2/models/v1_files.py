@@ -195,7 +195,8 @@ def load_v1_model(
     )  # fmt: skip
     model.checkpoint_path = str(path)
     model.keypoints = _keypoints_named(path.name) if spec.output == "PoseOutput" else None
-    return model.to(device).eval()
+    with cuda_emulation():
+        return model.to(device).eval()
 
 
 def _keypoints_named(name: str) -> int | None:
@@ -212,7 +213,9 @@ def _load_graph(
 ) -> tuple[torch.nn.Module, int | None]:
     try:
         if fmt == TORCHSCRIPT:
-            return torch.jit.load(str(path), map_location=device).eval(), None
+            # read onto the CPU, then move: jit.load's own map_location reaches the C++ CUDA
+            # allocator, which ZeroGPU's emulation (Python-level torch modes) cannot stand in for
+            return torch.jit.load(str(path), map_location="cpu").to(device).eval(), None
         program = torch.export.load(str(path))
         graph = program.module().to(device=device, dtype=dtype)
         return graph, _fixed_batch(graph)
