@@ -132,6 +132,13 @@ def export_model(
     another size; the tests' quick files)."""
     from tqdm import tqdm
 
+    from .v1_model import V1Model
+
+    if isinstance(model, V1Model):  # a Sapiens v1 graph: no module of ours to trace
+        raise OptionError(
+            f"{model.task}: ONNX export covers Sapiens2 checkpoints; this Sapiens v1 model is a "
+            "TorchScript / ExportedProgram graph, which runs with torch (docs/SAPIENS_V1.md)."
+        )
     task, size = model.task, model.size
     hw = tuple(input_hw) if input_hw else (get_task(task).input_size(size) if size else INPUT_SIZE)
     dtype = next(model.parameters()).dtype
