@@ -281,12 +281,17 @@ class ModelManager:
 
     def preload(self, tasks: Iterable[Task] | None = None, *, pin: bool = True) -> dict[str, str]:
         """Load the default size of each task (by default every task this server shows, but for
-        those whose default is a Sapiens v1 size: as on the Space card's preload, depth loads on
-        first use, so its weights do not lengthen every GPU call's start) and what it always
+        those whose default is a Sapiens v1 size and whose file the operator did not give: as on the
+        Space card's preload, depth loads on first use, so its weights do not lengthen every GPU
+        call's start) and what it always
         needs; returns task name -> error text for those that failed (nothing raises: a Space
         must start without weights)."""
         if tasks is None:
-            tasks = [t for t in self.tasks().values() if not is_v1(t.spec.default_size(self.cuda))]
+            tasks = [
+                t
+                for t in self.tasks().values()
+                if t.name in self.checkpoints or not is_v1(t.spec.default_size(self.cuda))
+            ]
         failed: dict[str, str] = {}
         for task in tasks:
             try:
