@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sapiens2.inputs.detector import PersonDetector, preprocess  # noqa: E402
+from sapiens2.models.detector import PersonDetector, preprocess  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:

@@ -1,6 +1,6 @@
 """Whole-request benchmark: one photo through a task, split into the stages a Space request runs.
 
-Stages: ``read`` (file -> upright RGB, ``serving.runner.read_photo``), ``preprocess`` (resize / crop /
+Stages: ``read`` (file -> upright RGB, ``serving.request_runner.read_photo``), ``preprocess`` (resize / crop /
 normalise up to the first forward), ``model`` (synchronised forwards), ``postprocess`` (decode,
 resize back, CPU arrays), ``render`` (the picture the app shows) and ``export`` (``result.save``:
 the files offered for download). Pre/post come from ``RunInfo.forward_started`` / ``model_s``, so
@@ -48,7 +48,7 @@ from sapiens2.models.loading import load_model  # noqa: E402
 from sapiens2.models.zoo import ARCHS, TASKS  # noqa: E402
 from sapiens2.runtime import cpus  # noqa: E402
 from sapiens2.runtime import threads as cpu_threads  # noqa: E402
-from sapiens2.serving.runner import read_photo  # noqa: E402
+from sapiens2.serving.request_runner import read_photo  # noqa: E402
 from sapiens2.tasks import pipeline_class  # noqa: E402
 
 STAGES = ("read", "preprocess", "model", "postprocess", "render", "export")

@@ -1,7 +1,7 @@
 """Test helpers: one task on one photo through the server's own request path, without Gradio.
 
 These were ``serving.infer`` and ``serving.split_options``, which only tests called; the server
-itself goes through ``RequestRunner`` (``sapiens2.serving.runner``)."""
+itself goes through ``RequestRunner`` (``sapiens2.serving.request_runner``)."""
 
 from __future__ import annotations
 

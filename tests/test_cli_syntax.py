@@ -194,7 +194,7 @@ def test_a_quick_load_leaves_no_progress_line(tiny_checkpoints, capfd) -> None:
 
 
 def test_per_frame_values_make_one_notice(tmp_path: Path) -> None:
-    from sapiens2.video.handlers import FrameHandler
+    from sapiens2.video.frame_handlers import FrameHandler
 
     handler = FrameHandler({}, raw_cap=0)
     for scale in (-0.193, -0.144, -0.206):

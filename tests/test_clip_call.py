@@ -18,7 +18,7 @@ from video_clips import write_clip
 from sapiens2 import serving
 from sapiens2.serving import clip_call, device
 from sapiens2.serving.device import READY, Batch, Clip, Feed, Stopped
-from sapiens2.serving.motion import MotionRequests
+from sapiens2.serving.motion_requests import MotionRequests
 from sapiens2.serving.video import VideoRequests
 from sapiens2.tasks import registry
 from sapiens2.video import TrackingOptions, handlers, motion, runner, writer

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from tiny_checkpoints import make_tiny_detr
 
 from sapiens2.errors import CheckpointError, InputImageError, OptionError, WeightsUnavailableError
-from sapiens2.inputs import detector as detect
-from sapiens2.inputs.detector import Detections, PersonDetector, detect_people, nms, resize_shape
+from sapiens2.models import detector as detect
+from sapiens2.models.detector import Detections, PersonDetector, detect_people, nms, resize_shape
 
 SMALL = {"shortest_edge": 160, "longest_edge": 240}  # a small network input keeps most tests fast
 

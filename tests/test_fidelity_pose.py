@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from sapiens2.data.metadata import FLIP_INDEX, NUM_KEYPOINTS
-from sapiens2.inputs.detector import detect_people
 from sapiens2.inputs.intake import load_image
+from sapiens2.models.detector import detect_people
 from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
 from sapiens2.ops.pose_codec import decode_heatmaps
 from sapiens2.ops.pose_crops import crop_people

@@ -16,7 +16,7 @@ from sapiens2.errors import InputImageError
 from sapiens2.models import cost
 from sapiens2.serving import ModelManager, RequestFolders, photo_set
 from sapiens2.serving.photo_set import MAX_SET_PHOTOS, read_set
-from sapiens2.serving.runner import RequestRunner, model_sizes
+from sapiens2.serving.request_runner import RequestRunner, model_sizes
 from sapiens2.serving.similar import grouped, most_similar, photos_that_fit, run_set
 from sapiens2.tasks import registry
 

@@ -100,7 +100,7 @@ def test_pose_chunks_heatmaps_equal_one_forward_s(tiny_checkpoints: dict[str, Pa
 
 
 def test_pose_with_nobody_runs_no_forward(tiny_checkpoints: dict[str, Path], monkeypatch) -> None:
-    from sapiens2.inputs.detector import Detections
+    from sapiens2.models.detector import Detections
 
     pipe = PosePipeline(checkpoint=tiny_checkpoints["pose"], device="cpu")
     pipe.input_hw = SMALL

@@ -37,7 +37,7 @@ import one_request  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 from sapiens2.errors import InputImageError, OptionError  # noqa: E402
 from sapiens2.inputs.intake import load_image  # noqa: E402
-from sapiens2.serving.runner import read_photo  # noqa: E402
+from sapiens2.serving.request_runner import read_photo  # noqa: E402
 from sapiens2.tasks import pipeline, registry  # noqa: E402
 
 SMALL = (256, 192)  # quarter of the native input: tiny models stay fast (pointmap keeps its own)

@@ -24,7 +24,7 @@ def checkpoint_flags(tiny: dict[str, Path]) -> list[str]:
 
 
 def test_the_command_is_listed_with_its_help() -> None:
-    assert "motion" in COMMANDS
+    assert "motion_cmd" in COMMANDS
     text = build_parser().format_help()
     assert "motion" in text and "3D motion from a clip" in text
 
@@ -115,7 +115,7 @@ def test_the_pointmap_pass_handler_crosses_a_process_boundary() -> None:
     """On ZeroGPU the clip's spec (with the motion's handler) is pickled into the GPU worker."""
     import pickle
 
-    from sapiens2.video.motion import MotionDepth, MotionOptions
+    from sapiens2.video.clip_motion import MotionDepth, MotionOptions
 
     pose = {"frame": np.arange(3), "track_ids": np.zeros((3, 1), np.int32),
             "boxes": np.zeros((3, 1, 4), np.float32), "keypoints_raw": np.zeros((3, 1, 308, 2), np.float32)}  # fmt: skip

@@ -19,7 +19,7 @@ from motion_synth import walker
 from sapiens2.outputs.bvh import BODY, bvh_text, euler_zxy
 from sapiens2.outputs.motion_files import write_keypoints_csv, write_keypoints_npz, write_motion_glb
 from sapiens2.outputs.skeleton3d import joint_tree, write_skeleton_cloud_glb
-from sapiens2.video.motion import (
+from sapiens2.video.clip_motion import (
     Motion,
     MotionOptions,
     assemble,

@@ -23,7 +23,7 @@ from sapiens2.models.checkpoints import CHECKPOINTS_ENV, Checkpoints
 from sapiens2.outputs.render import parse_color
 from sapiens2.serving import ModelManager
 from sapiens2.serving.cache import CUSTOM
-from sapiens2.serving.runner import read_photo
+from sapiens2.serving.request_runner import read_photo
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
@@ -192,7 +192,7 @@ def test_a_pinning_request_that_waited_for_another_threads_load_pins_it() -> Non
 
 
 def test_pose_requests_warm_the_detector_on_the_managers_device(monkeypatch) -> None:
-    from sapiens2.inputs import detector as detect
+    from sapiens2.models import detector as detect
 
     devices: list[object] = []
     monkeypatch.setattr(detect, "_auto_detector", lambda device=None: devices.append(device))
@@ -348,7 +348,7 @@ def test_read_photo_errors_are_clear(tmp_path) -> None:
 def _photo_reservation(task: str, size: str, pixels: int, **opts: Any) -> int:
     """The one reservation of a one-photo call with the request's own models resident (the work
     does not depend on the photo's pixels: the network input is the same size)."""
-    from sapiens2.serving.runner import Job, call_seconds
+    from sapiens2.serving.request_runner import Job, call_seconds
 
     return call_seconds([Job(T(task), size, [None], opts, {})], 0)
 

@@ -106,7 +106,7 @@ def _call_estimates(pixels: int):
     """(task, size, options, images, unclamped seconds of one GPU call) for every task and size,
     default and heaviest options, on photos of ``pixels``, with the Space's launch set resident
     besides the request's own models (those of another size than the default)."""
-    from sapiens2.serving.runner import Job
+    from sapiens2.serving.request_runner import Job
     from sapiens2.tasks import registry
 
     for task in registry.all_tasks().values():

@@ -620,11 +620,11 @@ def scenario_live_admission(tmp: Path, checkpoints_json: str, policy: str, frame
 #: What a clip's run does, by kind: (module path, attribute, kind). The same names exist before
 #: and after issue 36's item 4, so the scenario reads both layouts.
 CLIP_WORK = [
-    ("sapiens2.video.runner", "iter_frames", "decode"),
+    ("sapiens2.video.clip_runner", "iter_frames", "decode"),
     ("sapiens2.video.writer:VideoWriter", "write", "encode"),
-    ("sapiens2.video.handlers:PoseFrames", "consume", "render"),
-    ("sapiens2.video.handlers:DenseFrames", "consume", "render"),
-    ("sapiens2.video.handlers:DepthFrames", "deferred", "render"),
+    ("sapiens2.video.frame_handlers:PoseFrames", "consume", "render"),
+    ("sapiens2.video.frame_handlers:DenseFrames", "consume", "render"),
+    ("sapiens2.video.frame_handlers:DepthFrames", "deferred", "render"),
     ("sapiens2.tasks.pose:PosePipeline", "prepare", "prepare"),
     ("sapiens2.tasks.pointmap:PointmapPipeline", "prepare", "prepare"),
     ("sapiens2.tasks.pose:PosePipeline", "finish", "finish"),
@@ -704,7 +704,7 @@ def scenario_clip_schedule(tmp: Path, checkpoints_json: str, frames: str, *tasks
 
     def run(task: str) -> int:
         if task == "motion":
-            from sapiens2.serving.motion import MotionRequests
+            from sapiens2.serving.motion_requests import MotionRequests
 
             return MotionRequests(video).run(str(clip), "0.4b").frames
         job = video.job(registry.get(task), str(clip), "0.4b", tracking=TrackingOptions())

@@ -18,10 +18,10 @@ builds the job from the command line. docs/USAGE.md shows both; docs/SCALE.md a 
 
 from __future__ import annotations
 
+from .batch_run import run
 from .job import BatchJob, ModelPlan, TaskPlan, task_plan
 from .parts import Summary
 from .records import RECORDS, column_arrays, read_array, read_png
-from .runner import run
 from .store import read_task
 
 __all__ = [

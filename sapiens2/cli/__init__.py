@@ -20,7 +20,7 @@ from ..runtime import heap
 from . import tasks
 
 #: Modules of this package that add a command beside the per-task ones.
-COMMANDS: tuple[str, ...] = ("batch", "motion", "export_cmd", "index", "search")
+COMMANDS: tuple[str, ...] = ("batch", "motion_cmd", "export_cmd", "index", "search")
 
 
 def prog_name() -> str:

@@ -256,7 +256,7 @@ POINTMAP_CANONICAL_FOCAL = 768.0
 
 @dataclass(frozen=True)
 class DetectorSpec:
-    """The person detector used for top-down pose (see sapiens2.inputs.detector)."""
+    """The person detector used for top-down pose (see sapiens2.models.detector)."""
 
     repo_id: str
     filename: str

@@ -21,7 +21,7 @@ from .cache import DEFAULT_MAX_MODELS, ModelManager
 from .folders import RequestFolders
 from .memory import is_out_of_memory, release_cpu_threads, release_memory
 from .present import Presented, present
-from .runner import RequestRunner
+from .request_runner import RequestRunner
 
 __all__ = [
     "DEFAULT_MAX_MODELS",

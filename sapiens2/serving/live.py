@@ -52,13 +52,13 @@ from ..models.zoo import ARCHS
 from ..tasks.base import finish_batch, prepare_batch
 from ..tasks.registry import Task
 from ..video.depth import DepthScale, foreground_depth, render_depth_frame
-from ..video.handlers import HANDLERS, DepthFrames, PoseFrames
+from ..video.frame_handlers import HANDLERS, DepthFrames, PoseFrames
 from ..video.people import FramePeople, PoseTracking, TrackingOptions, draw_people
 from .cache import ModelManager
 from .device import Batch, Detect, Device, OneTask, local_device
 from .frame_cost import frame_macs, served_frame_macs
 from .present import Stages
-from .runner import model_sizes
+from .request_runner import model_sizes
 
 #: The model size a live view starts with where the task offers it (else the task's default).
 LIVE_SIZE = "0.4b"

@@ -26,7 +26,7 @@ from ..models import cost
 from ..search.vectors import MIRRORS, kmeans, normalised, pose_vector, top_k
 from ..tasks.registry import Task
 from .photo_set import MAX_SET_PHOTOS
-from .runner import RequestRunner, model_sizes
+from .request_runner import RequestRunner, model_sizes
 
 #: Side of a gallery picture, pixels.
 THUMB_SIDE = 256

@@ -26,16 +26,16 @@ from typing import Any
 from ..errors import GpuUnavailableError, InputVideoError, OptionError
 from ..models import cost
 from ..tasks.registry import Task, Video
-from ..video.handlers import TrackingOptions, handler_class
+from ..video.clip_runner import ClipRun, VideoPlan, VideoResult, clip_run, plan_video
+from ..video.frame_handlers import TrackingOptions, handler_class
 from ..video.reader import VideoLimits
-from ..video.runner import ClipRun, VideoPlan, VideoResult, clip_run, plan_video
 from ..zerogpu.quota import cost_notice, gpu_request
 from .cache import ModelManager
 from .clip_call import ClipCall
 from .device import Device, local_device
 from .folders import RequestFolders
 from .frame_cost import forward_macs, frame_macs, served_frame_macs
-from .runner import model_sizes
+from .request_runner import model_sizes
 
 #: Frames per forward inside the clip's call.
 MAX_BATCH = 8

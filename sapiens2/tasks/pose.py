@@ -35,7 +35,7 @@ from .pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw
 from .registry import Switch, Task, Video, View
 
 if TYPE_CHECKING:
-    from ..inputs.detector import Detections, DetectorInput
+    from ..models.detector import Detections, DetectorInput
 
 __all__ = ["PosePipeline", "PosePrep", "PoseRaw", "PoseResult", "decode_heatmaps", "flip_back", "merge_flip"]
 
@@ -45,7 +45,7 @@ class PosePipeline(Pipeline):
 
     ``detector`` is how people are found when the call gives no boxes: ``"auto"`` (the shared
     DETR; the whole image when its weights are missing), ``None`` (whole image), a
-    :class:`sapiens2.inputs.detector.PersonDetector`, or any callable ``f(rgb) -> boxes | (boxes, scores)
+    :class:`sapiens2.models.detector.PersonDetector`, or any callable ``f(rgb) -> boxes | (boxes, scores)
     | Detections`` working in the pixels of the image it is given. ``pointmap``: the pointmap
     pipeline for the ``keypoints_3d`` option (a PointmapPipeline, a zero-argument function
     returning one, or None to load the same size when first asked).
@@ -114,7 +114,7 @@ class PosePipeline(Pipeline):
     def _prepare_pose(
         self, intake: Intake, boxes: Any, flip_test: bool | None, hw: tuple[int, int]
     ) -> PosePrep:
-        from ..inputs.detector import detect_people
+        from ..models.detector import detect_people
 
         self._flip_test(flip_test)
         work = intake.work
@@ -134,7 +134,7 @@ class PosePipeline(Pipeline):
         (:meth:`prepare` knows the people, or a callable detector needs the photo in :meth:`infer`).
         With it, a batch finds the people in a device step of its own (:meth:`find_people`) and
         prepares the crops after it, so the photo never goes to a device step."""
-        from ..inputs.detector import PersonDetector, detector_input
+        from ..models.detector import PersonDetector, detector_input
 
         if boxes is not None or not self.people_apart():
             return None
@@ -145,14 +145,14 @@ class PosePipeline(Pipeline):
     def people_apart(self) -> bool:
         """The people come from a DETR (``"auto"``, a checkpoint path, a PersonDetector), which
         :meth:`find_people` can run on its inputs alone; not for no detector or a callable."""
-        from ..inputs.detector import PersonDetector
+        from ..models.detector import PersonDetector
 
         return isinstance(self.detector, (str, os.PathLike, PersonDetector))
 
     def warm_people(self) -> None:
         """Load the detector :meth:`find_people` runs, now: a missing or broken DETR checkpoint
         path raises here, before any photo (``"auto"`` without weights: the whole photo, later)."""
-        from ..inputs.detector import load_detector
+        from ..models.detector import load_detector
 
         if self.people_apart():
             load_detector(self.detector, self.device)
@@ -180,7 +180,7 @@ class PosePipeline(Pipeline):
         ``flip_test``) in as few forwards as the device's memory allows (one unless the batch is
         crowded: :meth:`_all_keypoints`), decoded on the device; keypoints in working-copy px.
         ``input_hw``: the crop size ``prepare`` was given."""
-        from ..inputs.detector import check_options
+        from ..models.detector import check_options
 
         flip = self._flip_test(flip_test)
         check_options(score_threshold, max_people=max_people)  # also where prepare found the people
@@ -257,7 +257,7 @@ class PosePipeline(Pipeline):
         self, rgb: np.ndarray | DetectorInput, *, score_threshold: float = 0.3, max_people: int = 20
     ) -> Detections:
         """The people in ``rgb`` as this pipeline finds them (its ``detector``), in its pixels."""
-        from ..inputs.detector import detect_people
+        from ..models.detector import detect_people
 
         return detect_people(rgb, detector=self.detector, score_threshold=score_threshold,
                              max_people=max_people, device=self.device)  # fmt: skip
@@ -275,7 +275,7 @@ class PosePipeline(Pipeline):
 
 
 def _warm_detector(device: str) -> bool:
-    from ..inputs.detector import warm_detector
+    from ..models.detector import warm_detector
 
     return warm_detector(device)
 

@@ -12,7 +12,7 @@ from ..data.keypoint_sets import KeypointSet
 from .base import RunInfo
 
 if TYPE_CHECKING:
-    from ..inputs.detector import Detections
+    from ..models.detector import Detections
 
 
 @dataclass

@@ -104,7 +104,7 @@ class Video:
     """A task that runs on clips (``sapiens2.video``): how its frames are handled. Video code reads
     only this; no name of a task appears there.
 
-    ``handler``: the frame handler kind in ``sapiens2.video.handlers`` ("frames": each frame
+    ``handler``: the frame handler kind in ``sapiens2.video.frame_handlers`` ("frames": each frame
     rendered as its photo result; "depth": a clip-wide hook, every frame rendered at the end with
     the clip's depth bounds, from the result's ``depth`` and ``mask``; "tracks": people found by
     ``detect``, tracked and smoothed, drawn as keypoints, with the track exports).

@@ -41,7 +41,7 @@ __all__ = ["TASK", "SegLogits", "SegPipeline", "SegRaw", "SegResult", "person_ma
 
 def _as_boxes(boxes: Any) -> np.ndarray:
     """Person boxes (P, 4) as float64 x1, y1, x2, y2 in original-image pixels."""
-    from ..inputs.detector import as_boxes
+    from ..models.detector import as_boxes
 
     return as_boxes(boxes, dtype=np.float64)
 
@@ -143,7 +143,7 @@ class SegPipeline(Pipeline):
 
         ``boxes`` gives per-person masks (the non-background pixels inside each box; a pixel in
         two boxes belongs to both): (P, 4) x1, y1, x2, y2 in original pixels, a ``Detections``,
-        or ``"detect"`` to run the person detector (``sapiens2.inputs.detector.detect_people``)."""
+        or ``"detect"`` to run the person detector (``sapiens2.models.detector.detect_people``)."""
         return self.run_stages(image, boxes=boxes)
 
     def prepare(self, intake: Intake, *, boxes: Any = None, input_hw: Any = None, **_: Any) -> DensePrep:
@@ -170,7 +170,7 @@ class SegPipeline(Pipeline):
         for raw, logits in zip(raws, self.seg_logits([p.pixels for p in batch], raws), strict=True):
             raw.logits = logits
         if _check_boxes(boxes):
-            from ..inputs.detector import detect_people
+            from ..models.detector import detect_people
 
             for raw, prep in zip(raws, batch, strict=True):
                 found = detect_people(prep.photo)

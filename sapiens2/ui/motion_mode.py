@@ -1,5 +1,5 @@
 """The Video tab's motion mode: ``/motion`` makes a clip's 3D motion (pose + pointmap) and shows
-it in a 3D viewer, through ``sapiens2.serving.motion``. The tab adds it with :func:`add_motion_mode`.
+it in a 3D viewer, through ``sapiens2.serving.motion_requests``. The tab adds it with :func:`add_motion_mode`.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import gradio as gr
 
-from ..serving.motion import MotionRequests
+from ..serving.motion_requests import MotionRequests
 from ..serving.present import clip_info, running
-from ..video.handlers import TrackingOptions
+from ..video.frame_handlers import TrackingOptions
 from .handlers import BOARD, reported, shown_error, warn
 from .inputs import refuse
 from .widgets import whole_number

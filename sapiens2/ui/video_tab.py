@@ -15,7 +15,7 @@ from ..inputs.limits import MAX_FILE_BYTES
 from ..serving.present import CLIP_PARTS, clip_info, running
 from ..serving.video import VideoRequests
 from ..tasks.registry import Task
-from ..video.handlers import TrackingOptions
+from ..video.frame_handlers import TrackingOptions
 from ..video.reader import VideoLimits
 from .gpu import gpu_device
 from .handlers import BOARD, Runner, reported, shown_error, warn

@@ -250,7 +250,7 @@ def sine_position_embedding(
 # ----------------------------------------------------------------------------- transformer
 
 
-class Attention(nn.Module):
+class DetrAttention(nn.Module):
     """Multi-head attention with separate q/k/v/out projections (DETR's parameter layout)."""
 
     def __init__(self, dim: int, heads: int) -> None:
@@ -278,7 +278,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, dim: int, heads: int, ffn: int) -> None:
         super().__init__()
-        self.self_attn = Attention(dim, heads)
+        self.self_attn = DetrAttention(dim, heads)
         self.self_attn_layer_norm = nn.LayerNorm(dim, eps=LN_EPS)
         self.fc1 = nn.Linear(dim, ffn)
         self.fc2 = nn.Linear(ffn, dim)
@@ -295,9 +295,9 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, dim: int, heads: int, ffn: int) -> None:
         super().__init__()
-        self.self_attn = Attention(dim, heads)
+        self.self_attn = DetrAttention(dim, heads)
         self.self_attn_layer_norm = nn.LayerNorm(dim, eps=LN_EPS)
-        self.encoder_attn = Attention(dim, heads)
+        self.encoder_attn = DetrAttention(dim, heads)
         self.encoder_attn_layer_norm = nn.LayerNorm(dim, eps=LN_EPS)
         self.fc1 = nn.Linear(dim, ffn)
         self.fc2 = nn.Linear(ffn, dim)

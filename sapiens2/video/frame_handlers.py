@@ -1,6 +1,6 @@
 """What happens to each frame of a clip, per kind of task, around the shared batch loop.
 
-A handler answers three questions for :func:`sapiens2.video.runner.run_video`:
+A handler answers three questions for :func:`sapiens2.video.clip_runner.run_video`:
 
 * ``options_for(k, rgb)``: the per-frame options for ``prepare``/``finish`` (pose: the person
   boxes from the detector or the tracker), or None when the frame has nothing to infer;
@@ -44,7 +44,7 @@ from .people import FramePeople, PoseTracking, TrackingOptions, draw_people
 MAX_NOTICES = 8
 #: Numbers in a notice (a per-frame value such as a scale): notices differing only there are alike.
 _NUMBERS = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
-Detect = Callable[[np.ndarray], Any]  # rgb -> sapiens2.inputs.detector.Detections (or anything with .boxes)
+Detect = Callable[[np.ndarray], Any]  # rgb -> sapiens2.models.detector.Detections (or anything with .boxes)
 DetectMany = Callable[[list[np.ndarray]], list[Any]]  # several frames in one device call
 
 

@@ -2,7 +2,7 @@
 keypoints per frame, gaps bridged, smoothed, written as an animated skeleton and as arrays.
 
 Two passes over the same frames (same stride, limits and cut), each the ordinary clip run of
-:func:`sapiens2.video.runner.iter_video`:
+:func:`sapiens2.video.clip_runner.iter_video`:
 
 1. **pose** with its detector, tracker and files; its ``_pose_frames.npz`` gives each frame's
    track ids, boxes, keypoints (as the model found them) and scores;
@@ -19,7 +19,7 @@ One-Euro filter (:mod:`sapiens2.video.smoothing`, here in metres: ``beta`` per m
 ``<name>_motion.glb``, ``<name>_keypoints3d.npz``, ``<name>_keypoints3d.csv`` and
 ``<name>_motion.bvh`` (:mod:`sapiens2.outputs.motion_files`, :mod:`sapiens2.outputs.bvh`).
 
-In a server both passes share one device call (``sapiens2.serving.motion``: one ZeroGPU
+In a server both passes share one device call (``sapiens2.serving.motion_requests``: one ZeroGPU
 admission; the server decodes, renders and encodes, the call runs only the forwards and the
 detections).
 """
@@ -39,10 +39,10 @@ from ..ops.pose_lift import MIN_SAMPLES, WINDOW, lift_keypoints
 from ..outputs.export import file_stem, safe_path
 from ..tasks.pointmap import TASK as POINTMAP
 from ..tasks.pose import TASK as POSE
+from .clip_runner import VideoResult, iter_video
 from .exports import RAW_CAP_BYTES, save_npz
-from .handlers import DepthFrames, TrackingOptions, people_mask
+from .frame_handlers import DepthFrames, TrackingOptions, people_mask
 from .reader import VideoLimits
-from .runner import VideoResult, iter_video
 from .smoothing import OneEuroFilter
 
 LIFTED_SUFFIX = "_lifted.npz"

@@ -26,11 +26,11 @@ import torch
 from PIL import Image
 
 from ..errors import CheckpointError, InputImageError, OptionError, WeightsUnavailableError
-from ..models import zoo
-from ..models.nn.detr import DEFAULT_HEADS, Detr, build_detr
-from ..models.weights import ENV_VAR, find_weights, load_tensors
 from ..runtime.devices import canonical_device, default_device
 from ..zerogpu.entry import cuda_emulation
+from . import zoo
+from .nn.detr import DEFAULT_HEADS, Detr, build_detr
+from .weights import ENV_VAR, find_weights, load_tensors
 
 # The DETR image processor's defaults for facebook/detr-resnet-50 (preprocessor_config.json).
 SHORTEST_EDGE = 800

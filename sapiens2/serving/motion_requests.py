@@ -1,6 +1,6 @@
 """Motion requests for a server: a clip's 3D motion in ONE device call (one GPU admission).
 
-The pose pass and the pointmap pass (:mod:`sapiens2.video.motion`) are two clip runs of this
+The pose pass and the pointmap pass (:mod:`sapiens2.video.clip_motion`) are two clip runs of this
 server (:class:`~sapiens2.serving.video.VideoRequests`: checks, loading, the server's side of a
 clip) over the same frames, sharing one :class:`~sapiens2.serving.clip_call.ClipCall`: the
 clip is decoded once and the pointmap's inputs prepared before the call opens; in the call, pose's
@@ -23,9 +23,9 @@ from typing import Any
 
 from ..errors import GpuUnavailableError, InputVideoError
 from ..outputs.export import file_stem
+from ..video.clip_motion import POINTMAP, POSE, MotionDepth, MotionOptions, MotionResult, finish_motion
 from ..video.exports import pose_arrays
-from ..video.handlers import TrackingOptions
-from ..video.motion import POINTMAP, POSE, MotionDepth, MotionOptions, MotionResult, finish_motion
+from ..video.frame_handlers import TrackingOptions
 from ..zerogpu.quota import cost_notice
 from .clip_call import ClipCall
 from .video import VideoJob, VideoRequests

@@ -5,8 +5,8 @@ pixel foreground): ~12 M vertices and ~24 M faces, the most a 12 MP mesh holds, 
 files are as large as they get (~480 MB GLB, ~500 MB PLY). Medians over ``--runs``; files go to
 a temporary folder and are removed after each run.
 
-    python bench/pointmap_files.py                        # 4000x3000, 3 runs
-    python bench/pointmap_files.py --photo 1920x1080 --runs 5
+    python bench/pointmap_downloads.py                        # 4000x3000, 3 runs
+    python bench/pointmap_downloads.py --photo 1920x1080 --runs 5
 
 To compare two versions, run it from both checkouts alternately (the machine's load moves single
 figures by 30 % or more). Not a test.

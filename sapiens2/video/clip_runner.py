@@ -39,7 +39,7 @@ from ..tasks import registry
 from ..tasks.base import finish_batch, prepare_batch
 from ..tasks.registry import Task
 from .exports import RAW_CAP_BYTES
-from .handlers import Detect, DetectMany, FrameHandler, TrackingOptions, handler_class
+from .frame_handlers import Detect, DetectMany, FrameHandler, TrackingOptions, handler_class
 from .reader import VideoInfo, VideoLimits, check_stride, iter_frames, planned_frames, probe_video
 from .writer import VIDEO_SUFFIX, VideoWriter
 
@@ -480,7 +480,7 @@ def iter_video(
     stride and downscaling) as ``<name>_source.webm`` (``VideoResult.source_video``), for a
     side-by-side view that plays. ``handler``: the frame handler to use instead of the one the
     task's declaration names (a caller that needs more of each frame, e.g.
-    :mod:`sapiens2.video.motion`). ``depth_percentiles``, ``raw_cap_bytes``, ``tracking``,
+    :mod:`sapiens2.video.clip_motion`). ``depth_percentiles``, ``raw_cap_bytes``, ``tracking``,
     ``batch_size`` (frames per forward), ``name`` (the files' stem): as named.
     Writes ``<name>_<task>.webm`` and the downloads into ``out_dir``.
     Raises InputVideoError (bad clip, limits), OptionError, VideoEncodeError.

@@ -2,7 +2,7 @@
 
 Pose (detector, tracker) and the pointmap (with its segmentation) run over the same frames; each
 person's keypoints are lifted to metres, bridged over short gaps and smoothed in 3D
-(:mod:`sapiens2.video.motion`). Per clip, ``DIR/<name>/`` holds ``<name>_motion.glb`` (an
+(:mod:`sapiens2.video.clip_motion`). Per clip, ``DIR/<name>/`` holds ``<name>_motion.glb`` (an
 animated skeleton per person), ``<name>_keypoints3d.npz``, ``<name>_keypoints3d.csv``,
 ``<name>_motion.bvh`` and the two passes' videos and files.
 """
@@ -79,7 +79,7 @@ def _pipelines(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ..video import TrackingOptions, VideoLimits
-    from ..video.motion import MotionOptions, run_motion
+    from ..video.clip_motion import MotionOptions, run_motion
     from .tasks import find_images, unique_folder
 
     t0 = time.perf_counter()
