@@ -44,3 +44,13 @@ def space_checkpoints(tiny_checkpoints: dict[str, Path]) -> dict[str, Path]:
     from sapiens2.models.zoo import TASKS
 
     return {task: path for task, path in tiny_checkpoints.items() if TASKS[task].on_hub}
+
+
+_SLOW_KINDS = ("browser", "subprocess", "ray")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A browser, subprocess or Ray test is slow too, so `-m "not slow"` leaves it out."""
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in _SLOW_KINDS) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)

@@ -36,6 +36,8 @@ from sapiens2.cli import main  # noqa: E402
 from sapiens2.errors import OptionError  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
 
+pytestmark = pytest.mark.ray
+
 ROOT = Path(__file__).resolve().parents[1]
 POSE = ["--no-detector", "--network-size", f"{HW[0]}x{HW[1]}"]
 

@@ -21,6 +21,8 @@ from sapiens2.batch import records  # noqa: E402
 from sapiens2.batch.store import JOB_FILE  # noqa: E402
 from sapiens2.cli import main  # noqa: E402
 
+pytestmark = pytest.mark.ray
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

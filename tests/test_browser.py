@@ -24,6 +24,8 @@ sync_api = playwright_or_skip()
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 BROWSER_ARGS = [
     "--no-sandbox",
     "--disable-gpu",

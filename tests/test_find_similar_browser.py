@@ -27,6 +27,8 @@ expect = sync_api.expect
 import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 
 

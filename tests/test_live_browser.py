@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from test_browser import BROWSER_ARGS, CHROMIUM, app_url, sync_api  # noqa: F401  (the served app)
 
+pytestmark = pytest.mark.browser
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

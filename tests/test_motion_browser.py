@@ -24,6 +24,8 @@ gr = pytest.importorskip("gradio")
 from sapiens2.outputs.motion_files import write_motion_glb  # noqa: E402
 from sapiens2.outputs.skeleton3d import write_skeleton_cloud_glb  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 #: WebGL in headless Chromium without a GPU: SwiftShader through ANGLE
 ARGS = ["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist",
         "--disable-background-networking", "--disable-component-update", "--no-first-run"]  # fmt: skip

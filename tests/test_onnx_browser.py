@@ -45,6 +45,8 @@ from sapiens2.tasks import registry  # noqa: E402
 from sapiens2.tasks.features import FeaturesPipeline, cosine_similarity  # noqa: E402
 from sapiens2.ui import browser_compare  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 ORT_WEB = f"onnxruntime-web@{browser_compare.ORT_WEB_VERSION}"
 #: what the WebAssembly backend loads (the bundle holds the glue code; the .wasm is fetched)
 ORT_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm", "ort-wasm-simd-threaded.mjs")

@@ -30,6 +30,8 @@ import app  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 from sapiens2.data.metadata import SEG_CLASS_LABELS  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 EXAMPLE = ROOT / "assets" / "nasa-eileen-collins-portrait.png"
 

@@ -22,6 +22,8 @@ from test_video_runner import FakeDense  # noqa: E402
 
 from sapiens2.video import run_video  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 BROWSER_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
