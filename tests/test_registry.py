@@ -132,7 +132,7 @@ def test_each_task_module_is_found_and_the_model_layer_reads_the_zoo_rows() -> N
     from sapiens2.models.nn.heads import predictors
 
     for task in registry.declared().values():
-        assert task.pipeline.__module__.rsplit(".", 1)[1] in registry.builtin_modules()
+        assert task.pipeline.__module__.split(".")[2] in registry.builtin_modules()  # tasks/<name>/
         assert tasks_pkg.pipeline_class(task.name) is task.pipeline
         assert getattr(sapiens2, task.pipeline.__name__) is task.pipeline  # public name, derived
         assert issubclass(outputs.output_type(task.spec.output), outputs.TaskOutput)

@@ -31,10 +31,10 @@ from ..inputs.intake import Intake
 from ..ops.pose_lift import lift_keypoints
 from ..outputs.writers import NOW, Writer
 from .options import Option
-from .pointmap import TASK as POINTMAP
-from .pointmap import PointmapPipeline
+from .pointmap.pointmap_pipeline import TASK as POINTMAP
+from .pointmap.pointmap_pipeline import PointmapPipeline
 from .registry import Task
-from .seg import TASK as SEG
+from .seg.seg_pipeline import TASK as SEG
 
 OPTION = "keypoints_3d"
 #: pose's option that turns the 3D keypoints on

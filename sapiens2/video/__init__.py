@@ -27,13 +27,13 @@ _LAZY = {
     "TrackingOptions": ".people",
     "PoseTracking": ".people",
     "DepthScale": ".depth",
-    "VideoPlan": ".runner",
-    "VideoResult": ".runner",
-    "plan_video": ".runner",
-    "run_video": ".runner",
+    "VideoPlan": ".clip_runner",
+    "VideoResult": ".clip_runner",
+    "plan_video": ".clip_runner",
+    "run_video": ".clip_runner",
     "DepthAligner": ".depth_align",
-    "MotionOptions": ".motion",
-    "run_motion": ".motion",
+    "MotionOptions": ".clip_motion",
+    "run_motion": ".clip_motion",
 }
 
 __all__ = list(_LAZY)

@@ -17,31 +17,31 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.metadata import SEG_CLASS_NAMES, SEG_PALETTE, seg_class_ids
-from ..errors import OptionError
-from ..inputs.intake import Intake
-from ..inputs.network import dense_input
-from ..models.zoo import get_task
-from ..ops.seg_logits import SegLogits, finite_logits
-from ..outputs.render import (
+from ...data.metadata import SEG_CLASS_NAMES, SEG_PALETTE, seg_class_ids
+from ...errors import OptionError
+from ...inputs.intake import Intake
+from ...inputs.network import dense_input
+from ...models.zoo import get_task
+from ...ops.seg_logits import SegLogits, finite_logits
+from ...outputs.render import (
     blend_segmentation,
     class_shares,
     label_ids,
     segmentation_legend,
     segmentation_legend_html,
 )
-from ..outputs.writers import NOW, Writer
-from .base import Pipeline, TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, start_result
-from .options import Option
-from .registry import Task, Video, View
+from ...outputs.writers import NOW, Writer
+from ..base import Pipeline, TaskResult
+from ..dense import DensePrep, DenseRaw, chunked_forward, start_result
+from ..options import Option
+from ..registry import Task, Video, View
 
 __all__ = ["TASK", "SegLogits", "SegPipeline", "SegRaw", "SegResult", "person_masks_from_boxes"]
 
 
 def _as_boxes(boxes: Any) -> np.ndarray:
     """Person boxes (P, 4) as float64 x1, y1, x2, y2 in original-image pixels."""
-    from ..models.detector import as_boxes
+    from ...models.detector import as_boxes
 
     return as_boxes(boxes, dtype=np.float64)
 
@@ -100,7 +100,7 @@ class SegResult(TaskResult):
         (palette only) and ``_seg.png`` (blended with the photo); returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
-        from ..outputs.export import safe_path, write_npy, write_png, write_png_palette
+        from ...outputs.export import safe_path, write_npy, write_png, write_png_palette
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
@@ -170,7 +170,7 @@ class SegPipeline(Pipeline):
         for raw, logits in zip(raws, self.seg_logits([p.pixels for p in batch], raws), strict=True):
             raw.logits = logits
         if _check_boxes(boxes):
-            from ..models.detector import detect_people
+            from ...models.detector import detect_people
 
             for raw, prep in zip(raws, batch, strict=True):
                 found = detect_people(prep.photo)

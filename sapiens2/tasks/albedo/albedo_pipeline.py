@@ -20,18 +20,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import OptionError
-from ..inputs.intake import Intake
-from ..inputs.network import crop_padding, resize_to
-from ..models.zoo import get_task
-from ..outputs.writers import NOW, Writer
-from .base import TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .options import Option
-from .registry import Task, Video
-from .seg import TASK as SEG
-from .seg import SegLogits
-from .seg_borrow import SegMaskedPipeline, seg_borrowing
+from ...errors import OptionError
+from ...inputs.intake import Intake
+from ...inputs.network import crop_padding, resize_to
+from ...models.zoo import get_task
+from ...outputs.writers import NOW, Writer
+from ..base import TaskResult
+from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from ..options import Option
+from ..registry import Task, Video
+from ..seg.seg_pipeline import TASK as SEG
+from ..seg.seg_pipeline import SegLogits
+from ..seg_borrow import SegMaskedPipeline, seg_borrowing
 
 #: the release's background grey (vis_albedo.py)
 BACKGROUND_GREY = 100
@@ -59,7 +59,7 @@ class AlbedoResult(TaskResult):
     ) -> list[Path]:
         """Writes ``<name>_albedo.png``, ``<name>_albedo.npy`` (float16, (H, W, 3) in [0, 1]) and,
         with a mask, ``<name>_albedo_mask.png``; ``rendered`` replaces the default PNG."""
-        from ..outputs.export import safe_path, write_npy, write_png
+        from ...outputs.export import safe_path, write_npy, write_png
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)

@@ -20,22 +20,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..data.keypoint_sets import keypoint_set
-from ..errors import OptionError
-from ..inputs.intake import ImageSource, Intake
-from ..models.cost import Work
-from ..models.zoo import get_task
-from ..ops.pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
-from ..ops.pose_crops import apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
-from . import pose_3d
-from .base import Pipeline, RunInfo
-from .options import Option
-from .pose_result import KEYPOINT_FORMATS, PoseResult
-from .pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw, with_set
-from .registry import Switch, Task, Video, View
+from ...data.keypoint_sets import keypoint_set
+from ...errors import OptionError
+from ...inputs.intake import ImageSource, Intake
+from ...models.cost import Work
+from ...models.zoo import get_task
+from ...ops.pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
+from ...ops.pose_crops import apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
+from .. import pose_3d
+from ..base import Pipeline, RunInfo
+from ..options import Option
+from ..pose_result import KEYPOINT_FORMATS, PoseResult
+from ..pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw, with_set
+from ..registry import Switch, Task, Video, View
 
 if TYPE_CHECKING:
-    from ..models.detector import Detections, DetectorInput
+    from ...models.detector import Detections, DetectorInput
 
 __all__ = ["PosePipeline", "PosePrep", "PoseRaw", "PoseResult", "decode_heatmaps", "flip_back", "merge_flip"]
 
@@ -114,7 +114,7 @@ class PosePipeline(Pipeline):
     def _prepare_pose(
         self, intake: Intake, boxes: Any, flip_test: bool | None, hw: tuple[int, int]
     ) -> PosePrep:
-        from ..models.detector import detect_people
+        from ...models.detector import detect_people
 
         self._flip_test(flip_test)
         work = intake.work
@@ -134,7 +134,7 @@ class PosePipeline(Pipeline):
         (:meth:`prepare` knows the people, or a callable detector needs the photo in :meth:`infer`).
         With it, a batch finds the people in a device step of its own (:meth:`find_people`) and
         prepares the crops after it, so the photo never goes to a device step."""
-        from ..models.detector import PersonDetector, detector_input
+        from ...models.detector import PersonDetector, detector_input
 
         if boxes is not None or not self.people_apart():
             return None
@@ -145,14 +145,14 @@ class PosePipeline(Pipeline):
     def people_apart(self) -> bool:
         """The people come from a DETR (``"auto"``, a checkpoint path, a PersonDetector), which
         :meth:`find_people` can run on its inputs alone; not for no detector or a callable."""
-        from ..models.detector import PersonDetector
+        from ...models.detector import PersonDetector
 
         return isinstance(self.detector, (str, os.PathLike, PersonDetector))
 
     def warm_people(self) -> None:
         """Load the detector :meth:`find_people` runs, now: a missing or broken DETR checkpoint
         path raises here, before any photo (``"auto"`` without weights: the whole photo, later)."""
-        from ..models.detector import load_detector
+        from ...models.detector import load_detector
 
         if self.people_apart():
             load_detector(self.detector, self.device)
@@ -180,7 +180,7 @@ class PosePipeline(Pipeline):
         ``flip_test``) in as few forwards as the device's memory allows (one unless the batch is
         crowded: :meth:`_all_keypoints`), decoded on the device; keypoints in working-copy px.
         ``input_hw``: the crop size ``prepare`` was given."""
-        from ..models.detector import check_options
+        from ...models.detector import check_options
 
         flip = self._flip_test(flip_test)
         check_options(score_threshold, max_people=max_people)  # also where prepare found the people
@@ -257,7 +257,7 @@ class PosePipeline(Pipeline):
         self, rgb: np.ndarray | DetectorInput, *, score_threshold: float = 0.3, max_people: int = 20
     ) -> Detections:
         """The people in ``rgb`` as this pipeline finds them (its ``detector``), in its pixels."""
-        from ..models.detector import detect_people
+        from ...models.detector import detect_people
 
         return detect_people(rgb, detector=self.detector, score_threshold=score_threshold,
                              max_people=max_people, device=self.device)  # fmt: skip
@@ -275,7 +275,7 @@ class PosePipeline(Pipeline):
 
 
 def _warm_detector(device: str) -> bool:
-    from ..models.detector import warm_detector
+    from ...models.detector import warm_detector
 
     return warm_detector(device)
 
