@@ -45,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sapiens2.data.metadata import SEG_PALETTE  # noqa: E402
-from sapiens2.ops import seg_logits as new  # noqa: E402
 from sapiens2.outputs.export import write_png, write_png_palette  # noqa: E402
-from sapiens2.outputs.render import colorize_labels, label_ids  # noqa: E402
+from sapiens2.tasks.seg import seg_logits as new  # noqa: E402
+from sapiens2.tasks.seg.seg_render import colorize_labels, label_ids  # noqa: E402
 
 NET_HW = (1024, 768)
 CLASSES = 29

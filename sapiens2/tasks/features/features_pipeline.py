@@ -31,7 +31,7 @@ class FeaturesResult(TaskResult):
 
     def render(self) -> np.ndarray:
         """The patch features' first three principal components as RGB, at the original size."""
-        from ...outputs.render import pca_rgb
+        from .features_render import pca_rgb
 
         return pca_rgb(self.patch_features, self.image.shape[:2])
 

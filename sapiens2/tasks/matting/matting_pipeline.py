@@ -19,12 +19,12 @@ from ...errors import InputImageError
 from ...inputs.intake import Intake, load_image
 from ...inputs.network import resize_hwc, stretch_antialiased
 from ...models.zoo import get_task
-from ...outputs.render import CHROMA_GREEN
 from ...outputs.writers import NOW, Writer
 from ..base import Pipeline, TaskResult
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video
+from .matting_render import CHROMA_GREEN
 
 
 @dataclass(kw_only=True)
@@ -37,13 +37,13 @@ class MattingResult(TaskResult):
     def render(self, *, background: Any = CHROMA_GREEN) -> np.ndarray:
         """The person over ``background``: an (r, g, b) tuple or '#rrggbb' (default chroma green
         (0, 177, 64)), or an image of any size and mode (resized to cover, centre-cropped)."""
-        from ...outputs.render import composite
+        from .matting_render import composite
 
         return composite(self.foreground, self.alpha, background)
 
     def cutout(self) -> np.ndarray:
         """(H, W, 4) uint8 RGBA: the predicted foreground colours (un-premultiplied) and alpha."""
-        from ...outputs.export import rgba_cutout
+        from .matting_render import rgba_cutout
 
         return rgba_cutout(self.foreground, self.alpha)
 

@@ -40,7 +40,7 @@ class NormalResult(TaskResult):
     def render(self, *, background: str = "black") -> np.ndarray:
         """RGB = (n + 1) / 2 * 255 (x->R, y->G, z->B); ``background`` ("black" or "photo") shows
         outside the mask (everywhere the normal is valid when there is no mask)."""
-        from ...outputs.render import normals_to_rgb
+        from .normal_render import normals_to_rgb
 
         if background not in ("black", "photo"):
             raise OptionError(f"background must be 'black' or 'photo'; got {background!r}.")

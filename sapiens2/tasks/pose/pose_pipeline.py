@@ -5,7 +5,7 @@ smaller than the working copy); ``infer`` (the device) finds people where no box
 crops each (centre, size x1.25, widened to 3:4, UDP affine to 768x1024), runs ONE forward for the
 crops of every photo (and their mirrors with ``flip_test``) and decodes the heatmaps there (argmax
 + DARK-UDP), so only (P, 308) arrays come back; ``finish`` (CPU) maps them to the photo's pixels.
-With ``keypoints_3d`` the pointmap is borrowed at each stage (:mod:`sapiens2.tasks.pose_3d`).
+With ``keypoints_3d`` the pointmap is borrowed at each stage (:mod:`sapiens2.tasks.pose.pose_3d`).
 docs/FIDELITY_POSE.md compares each step with the release.
 """
 
@@ -25,14 +25,14 @@ from ...errors import OptionError
 from ...inputs.intake import ImageSource, Intake
 from ...models.cost import Work
 from ...models.zoo import get_task
-from ...ops.pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
-from ...ops.pose_crops import apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
-from .. import pose_3d
 from ..base import Pipeline, RunInfo
 from ..options import Option
-from ..pose_result import KEYPOINT_FORMATS, PoseResult
-from ..pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw, with_set
 from ..registry import Switch, Task, Video, View
+from . import pose_3d
+from .pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
+from .pose_crops import apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
+from .pose_result import KEYPOINT_FORMATS, PoseResult
+from .pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw, with_set
 
 if TYPE_CHECKING:
     from ...models.detector import Detections, DetectorInput
@@ -266,7 +266,7 @@ class PosePipeline(Pipeline):
         self, x: torch.Tensor, info: RunInfo, flip: bool, hw: tuple[int, int]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One forward of the N crops (and their mirrors with ``flip_test``), decoded on the
-        device (:func:`~sapiens2.ops.pose_codec.decode_crops`) into ``hw`` crop pixels."""
+        device (:func:`~sapiens2.tasks.pose.pose_codec.decode_crops`) into ``hw`` crop pixels."""
         heatmaps = self.timed_forward(info, torch.cat([x, x.flip(-1)]) if flip else x).heatmaps
         return decode_crops(heatmaps, flip, hw)
 

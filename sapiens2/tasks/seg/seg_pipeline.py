@@ -3,7 +3,7 @@
 As in the release, the image is stretched to the network input (no aspect preservation;
 ``cv2.INTER_AREA`` when shrinking, ``cv2.INTER_CUBIC`` when enlarging) and the logits are resized
 bilinearly to the original size before the argmax. The device returns the logits in a compact
-exact form (:class:`sapiens2.ops.seg_logits.SegLogits`: the argmax plus full logit vectors only
+exact form (:class:`sapiens2.tasks.seg.seg_logits.SegLogits`: the argmax plus full logit vectors only
 around class boundaries), which the server resizes without ever holding 29 full-size planes.
 """
 
@@ -22,19 +22,19 @@ from ...errors import OptionError
 from ...inputs.intake import Intake
 from ...inputs.network import dense_input
 from ...models.zoo import get_task
-from ...ops.seg_logits import SegLogits, finite_logits
-from ...outputs.render import (
+from ...outputs.writers import NOW, Writer
+from ..base import Pipeline, TaskResult
+from ..dense import DensePrep, DenseRaw, chunked_forward, start_result
+from ..options import Option
+from ..registry import Task, Video, View
+from .seg_logits import SegLogits, finite_logits
+from .seg_render import (
     blend_segmentation,
     class_shares,
     label_ids,
     segmentation_legend,
     segmentation_legend_html,
 )
-from ...outputs.writers import NOW, Writer
-from ..base import Pipeline, TaskResult
-from ..dense import DensePrep, DenseRaw, chunked_forward, start_result
-from ..options import Option
-from ..registry import Task, Video, View
 
 __all__ = ["TASK", "SegLogits", "SegPipeline", "SegRaw", "SegResult", "person_masks_from_boxes"]
 
