@@ -31,6 +31,7 @@ from ..models.weights import local_root
 from ..models.zoo import TASKS as ZOO
 from ..models.zoo import TaskSpec
 from . import options as opts
+from .result_record import Record
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,9 @@ class Task:
     #: files made after the run, on request (see :class:`OnDemand`)
     on_demand: tuple[OnDemand, ...] = ()
     video: Video | None = None  # None: photos only
+    #: its row in a ``sapiens2 batch`` table (:class:`~sapiens2.tasks.result_record.Record`); None:
+    #: not run in batches
+    record: Record | None = None
     #: download lists besides the main one, in order (a file goes to the first that takes it)
     file_groups: tuple[FileGroup, ...] = ()
     #: extra command-line spellings of options (option name -> flags), and pipeline switches

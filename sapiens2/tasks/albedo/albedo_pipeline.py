@@ -29,6 +29,7 @@ from ..base import TaskResult
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video
+from ..result_record import Column, Record
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
 from ..seg_borrow import SegMaskedPipeline, seg_borrowing
@@ -135,6 +136,13 @@ class AlbedoPipeline(SegMaskedPipeline):
 _needs, _work = seg_borrowing("use_segmentation", default=True)
 
 
+#: A batch row: the photo-size albedo (float16 .npy) and the person mask (PNG).
+RECORD = Record(
+    (Column("albedo", "npy", "surface colour per pixel"), Column("mask_png", "png", "the person mask")),
+    lambda result: {"albedo": result.albedo, "mask_png": result.mask},
+)
+
+
 TASK = Task(
     spec=get_task("albedo"),
     pipeline=AlbedoPipeline,
@@ -167,4 +175,5 @@ TASK = Task(
     borrows=(SEG,),
     needs=_needs,
     video=Video(raw_fields={"albedo": np.float16, "mask": None}),
+    record=RECORD,
 )

@@ -20,6 +20,7 @@ from ...outputs.writers import NOW, Writer
 from ..base import Pipeline, RunInfo, TaskResult
 from ..dense import Timing, chunked_forward
 from ..registry import Compare, Task, View
+from ..result_record import Column, Record
 
 
 @dataclass(kw_only=True)
@@ -151,6 +152,13 @@ def cosine_similarity(
 # ----------------------------------------------------------------------------- declaration
 
 
+#: A batch row: the backbone's CLS embedding.
+RECORD = Record(
+    (Column("embedding", "tensor", "the CLS vector"),),
+    lambda result: {"embedding": np.asarray(result.embedding, np.float32)},
+)
+
+
 TASK = Task(
     spec=get_task("features"),
     pipeline=FeaturesPipeline,
@@ -167,4 +175,5 @@ TASK = Task(
         cosine_similarity,
         browser_output="cls",
     ),
+    record=RECORD,
 )

@@ -24,6 +24,7 @@ from ..base import Pipeline, TaskResult
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video
+from ..result_record import Column, Record
 from .matting_render import CHROMA_GREEN
 
 
@@ -131,6 +132,13 @@ def _render_args(render_opts: Mapping[str, Any]) -> dict[str, Any]:
         raise InputImageError(f"Background image: {err}") from None
 
 
+#: A batch row: alpha and the premultiplied foreground, photo-size float16 .npy.
+RECORD = Record(
+    (Column("alpha", "npy", "alpha per pixel"), Column("foreground", "npy", "premultiplied foreground RGB")),
+    lambda result: {"alpha": result.alpha, "foreground": result.foreground},
+)
+
+
 TASK = Task(
     spec=get_task("matting"),
     pipeline=MattingPipeline,
@@ -160,4 +168,5 @@ TASK = Task(
     render_args=_render_args,
     cli_aliases={"background_color": ("--background",)},
     video=Video(raw_fields={"alpha": np.float16}),
+    record=RECORD,
 )

@@ -25,6 +25,7 @@ from ..base import TaskResult
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video
+from ..result_record import Column, Record
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
 from ..seg_borrow import SegMaskedPipeline, seg_borrowing
@@ -136,6 +137,13 @@ class NormalPipeline(SegMaskedPipeline):
 _needs, _work = seg_borrowing("remove_background", default=False)
 
 
+#: A batch row: the photo-size normals (float16 .npy) and the person mask (PNG).
+RECORD = Record(
+    (Column("normals", "npy", "unit normal per pixel"), Column("mask_png", "png", "the person mask")),
+    lambda result: {"normals": result.normals, "mask_png": result.mask},
+)
+
+
 TASK = Task(
     spec=get_task("normal"),
     pipeline=NormalPipeline,
@@ -168,4 +176,5 @@ TASK = Task(
     borrows=(SEG,),
     needs=_needs,
     video=Video(raw_fields={"normals": np.float16, "mask": None}),
+    record=RECORD,
 )

@@ -34,6 +34,7 @@ from ..base import TaskResult
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import OnDemand, Task, Video, View
+from ..result_record import Column, Record
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
 from ..seg_borrow import SegMaskedPipeline, seg_borrowing
@@ -234,6 +235,29 @@ def _mesh_preview(result: Any, files: list[Path]) -> str | None:
     return next((str(p) for p in files if p.name.endswith("_mesh_preview.glb")), None)
 
 
+def _row(result: PointmapResult) -> dict[str, Any]:
+    return {
+        "pointmap": result.pointmap,
+        "mask_png": result.mask,
+        "scale": result.scale,
+        "focal_px": result.focal_px,
+        "focal_px_input": result.focal_px_input,
+    }
+
+
+#: A batch row: the photo-size pointmap (float16 .npy), the person mask, scale and focal lengths.
+RECORD = Record(
+    (
+        Column("pointmap", "npy", "metric XYZ per pixel"),
+        Column("mask_png", "png", "the person mask"),
+        Column("scale", "float", "the predicted scale"),
+        Column("focal_px", "float", "the implied focal length, photo pixels"),
+        Column("focal_px_input", "float", "the implied focal length, network input pixels"),
+    ),
+    _row,
+)
+
+
 TASK = Task(
     spec=get_task("pointmap"),
     pipeline=PointmapPipeline,
@@ -277,4 +301,5 @@ TASK = Task(
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
     video=Video(handler="depth", raw_fields={"depth": np.float32, "mask": None}),
+    record=RECORD,
 )

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ...data.keypoint_sets import keypoint_set
+from ...data.metadata import NUM_KEYPOINTS
 from ...errors import OptionError
 from ...inputs.intake import ImageSource, Intake
 from ...models.cost import Work
@@ -28,6 +29,7 @@ from ...models.zoo import get_task
 from ..base import Pipeline, RunInfo
 from ..options import Option
 from ..registry import Switch, Task, Video, View
+from ..result_record import Column, Record
 from . import pose_3d
 from .pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
 from .pose_crops import apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
@@ -308,6 +310,31 @@ OPTIONS = (
 )  # fmt: skip
 
 
+def _row(result: PoseResult) -> dict[str, Any]:
+    return {
+        "keypoints": result.keypoints,
+        "scores": result.scores,
+        "boxes": result.boxes,
+        "box_scores": result.box_scores,
+        "detection": result.detection_source,
+        "keypoint_set": getattr(result, "keypoint_set", "goliath308"),  # a v1 17/133 model's, lifted
+    }
+
+
+#: A batch row: people's points, scores and boxes, how they were found, the keypoint layout.
+RECORD = Record(
+    (
+        Column("keypoints", "tensor", "people x 308 x (x, y), photo pixels", (NUM_KEYPOINTS, 2)),
+        Column("scores", "tensor", "people x 308 keypoint scores", (NUM_KEYPOINTS,)),
+        Column("boxes", "tensor", "people x (x1, y1, x2, y2), photo pixels", (4,)),
+        Column("box_scores", "tensor", "one score per person box"),
+        Column("detection", "string", "how people were found"),
+        Column("keypoint_set", "string", "the model's keypoint set (v1 17/133 points lifted to 308)"),
+    ),
+    _row,
+)
+
+
 TASK = Task(
     spec=get_task("pose"),
     pipeline=PosePipeline,
@@ -332,4 +359,5 @@ TASK = Task(
         render_overrides={"show_boxes": False, "show_ids": True},
         detect=_video_detect,
     ),
+    record=RECORD,
 )

@@ -25,6 +25,7 @@ from ..base import TaskResult
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video, View
+from ..result_record import Column, Record
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
 from ..seg_borrow import SegMaskedPipeline, seg_borrowing
@@ -155,6 +156,16 @@ class DepthPipeline(SegMaskedPipeline):
 
 _needs, _work = seg_borrowing("use_segmentation", default=True)
 
+#: A batch row: relative depth (float32 .npy) and the person mask (PNG).
+RECORD = Record(
+    (
+        Column("depth", "npy", "relative depth per pixel", dtype="float32"),
+        Column("mask_png", "png", "the person mask"),
+    ),
+    lambda result: {"depth": result.depth, "mask_png": result.mask},
+)
+
+
 TASK = Task(
     spec=get_task("depth"),
     pipeline=DepthPipeline,
@@ -179,4 +190,5 @@ TASK = Task(
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
     video=Video(handler="depth", raw_fields={"depth": np.float32, "mask": None}),
+    record=RECORD,
 )

@@ -27,6 +27,7 @@ from ..base import Pipeline, TaskResult
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result
 from ..options import Option
 from ..registry import Task, Video, View
+from ..result_record import Column, Record
 from .seg_logits import SegLogits, finite_logits
 from .seg_render import (
     blend_segmentation,
@@ -208,6 +209,13 @@ class SegPipeline(Pipeline):
 # ----------------------------------------------------------------------------- declaration
 
 
+#: A batch row: the class ids (0-28) as a one-channel PNG.
+RECORD = Record(
+    (Column("labels_png", "png", "class id per pixel"),),
+    lambda result: {"labels_png": result.labels},
+)
+
+
 TASK = Task(
     spec=get_task("seg"),
     pipeline=SegPipeline,
@@ -241,4 +249,5 @@ TASK = Task(
     ),
     views=(View("html", "Body parts found", lambda result, files: result.legend_html()),),
     video=Video(raw_fields={"labels": None}),
+    record=RECORD,
 )
