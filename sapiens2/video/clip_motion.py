@@ -8,7 +8,7 @@ Two passes over the same frames (same stride, limits and cut), each the ordinary
    track ids, boxes, keypoints (as the model found them) and scores;
 2. **pointmap** (with its segmentation: the people's mask) through :class:`MotionDepth`, the
    depth handler plus the lifting: every frame's depth is aligned to the clip
-   (:mod:`sapiens2.video.depth_align`) and each person's keypoints of that frame are read from the
+   (:mod:`sapiens2.video.clip_depth_align`) and each person's keypoints of that frame are read from the
    pointmap on their own mask (:func:`sapiens2.tasks.pose.pose_lift.lift_keypoints`). It writes
    ``<name>_lifted.npz`` (raw 3D points) next to its files, which the next step reads and removes.
 

@@ -26,13 +26,13 @@ from ...inputs.network import crop_padding, resize_to
 from ...models.zoo import get_task
 from ...outputs.writers import NOW, Writer
 from ..base import TaskResult
+from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video
 from ..result_record import Column, Record
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
-from ..seg_borrow import SegMaskedPipeline, seg_borrowing
 
 #: the release's background grey (vis_albedo.py)
 BACKGROUND_GREY = 100

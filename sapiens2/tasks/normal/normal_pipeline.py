@@ -22,13 +22,13 @@ from ...models.zoo import get_task
 from ...ops.maps import unit_normalise
 from ...outputs.writers import NOW, Writer
 from ..base import TaskResult
+from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video
 from ..result_record import Column, Record
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
-from ..seg_borrow import SegMaskedPipeline, seg_borrowing
 
 
 @dataclass(kw_only=True)

@@ -22,22 +22,22 @@ from ...inputs.network import PadInfo, crop_padding
 from ...models.zoo import POINTMAP_CANONICAL_FOCAL, get_task
 from ...ops.maps import to_photo
 from ...outputs.mesh import PREVIEW_MAX_FACES, GridMesh, finite_points
-from ...outputs.pointmap_files import (
-    foreground_points,
-    full_resolution_names,
-    full_resolution_source,
-    make_full_resolution,
-    write_full_resolution,
-)
 from ...outputs.writers import NOW, Writer
 from ..base import TaskResult
+from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import OnDemand, Task, Video, View
 from ..result_record import Column, Record
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
-from ..seg_borrow import SegMaskedPipeline, seg_borrowing
+from .pointmap_files import (
+    foreground_points,
+    full_resolution_names,
+    full_resolution_source,
+    make_full_resolution,
+    write_full_resolution,
+)
 
 
 @dataclass(kw_only=True)
