@@ -78,7 +78,8 @@ def test_every_batch_task_has_a_record_and_tables_round_trip(tmp_path):
     ]  # fmt: skip
     pq.write_table(records.rows_table(registry.get("pose"), rows), tmp_path / "p.parquet")
     back = pq.read_table(tmp_path / "p.parquet")
-    assert back.schema.field("keypoints").type == pa.list_(pa.list_(pa.list_(pa.float32(), 2), 308))  # fixed sizes kept
+    fixed = pa.list_(pa.list_(pa.list_(pa.float32(), 2), 308))  # people x 308 x 2: fixed sizes kept
+    assert back.schema.field("keypoints").type == fixed
     got = records.column_arrays(back["keypoints"])
     assert np.array_equal(got[0], kp) and got[1] is None and got[2].shape == (0, 308, 2)
     assert back["error"].to_pylist() == [None, "InputImageError: nope", None]
