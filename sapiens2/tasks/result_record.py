@@ -23,7 +23,7 @@ NPY_DTYPES: tuple[str, ...] = ("float16", "float32")
 
 @dataclass(frozen=True)
 class Column:
-    """One column of a task's row: its name, how it is kept, and what it holds (for people)."""
+    """One column of a task's row: its name, how it is kept, and what it holds (in words)."""
 
     name: str
     kind: ColumnKind
@@ -60,6 +60,8 @@ class Record:
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
+        if not callable(self.row):
+            raise OptionError(f"A record's row must be a function of the result, got {self.row!r}.")
         if not names or len(set(names)) != len(names):
             raise OptionError(f"A record needs one or more columns with distinct names, got {names}.")
 

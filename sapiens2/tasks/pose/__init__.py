@@ -1,8 +1,8 @@
 """Top-down pose (308 keypoints): everything only pose has, from crops and heatmap decoding to its
 files and 3D keypoints.
 
-The task's declaration is ``TASK``; ``sapiens2.tasks.registry`` finds it by listing this package's
-folders."""
+The task's declaration is ``TASK``; ``sapiens2.tasks.registry`` finds it by listing the task
+folders of ``sapiens2.tasks``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Relative depth (Sapiens v1 only) with a person foreground.
 
-The task's declaration is ``TASK``; ``sapiens2.tasks.registry`` finds it by listing this package's
-folders."""
+The task's declaration is ``TASK``; ``sapiens2.tasks.registry`` finds it by listing the task
+folders of ``sapiens2.tasks``."""
 
 from __future__ import annotations
 

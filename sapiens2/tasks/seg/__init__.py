@@ -1,7 +1,7 @@
 """Body-part segmentation (29 classes): its pipeline, exact logits resize, renderers and files.
 
-The task's declaration is ``TASK``; ``sapiens2.tasks.registry`` finds it by listing this package's
-folders."""
+The task's declaration is ``TASK``; ``sapiens2.tasks.registry`` finds it by listing the task
+folders of ``sapiens2.tasks``."""
 
 from __future__ import annotations
 
