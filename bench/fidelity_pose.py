@@ -36,9 +36,9 @@ from test_fidelity_pose import grey, people, release_crop  # noqa: E402
 from tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
 
 from sapiens2.inputs.intake import load_image  # noqa: E402
-from sapiens2.ops.pose_crops import crop_people  # noqa: E402
 from sapiens2.tasks.features import FeaturesPipeline, FeaturesRaw  # noqa: E402
 from sapiens2.tasks.pose import PosePipeline  # noqa: E402
+from sapiens2.tasks.pose.pose_crops import crop_people  # noqa: E402
 
 PHOTOS = sorted(p for p in (ROOT / "assets").iterdir() if p.suffix in (".jpg", ".png"))
 

@@ -58,7 +58,7 @@ def camera_frames(n: int, wh: tuple[int, int] = (640, 480)) -> list[bytes]:
     from PIL import Image
 
     from sapiens2.inputs.intake import load_image
-    from sapiens2.outputs.render import cover_resize
+    from sapiens2.tasks.matting.matting_render import cover_resize
 
     photo = next(p for p in sorted(PHOTO.glob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
     w, h = wh

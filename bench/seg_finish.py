@@ -45,27 +45,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sapiens2.data.metadata import SEG_PALETTE  # noqa: E402
-from sapiens2.ops import seg_logits as new  # noqa: E402
 from sapiens2.outputs.export import write_png, write_png_palette  # noqa: E402
-from sapiens2.outputs.render import colorize_labels, label_ids  # noqa: E402
+from sapiens2.tasks.seg import seg_logits as new  # noqa: E402
+from sapiens2.tasks.seg.seg_render import colorize_labels, label_ids  # noqa: E402
 
 NET_HW = (1024, 768)
 CLASSES = 29
 
 
 def load_baseline(rev: str) -> ModuleType:
-    """sapiens2/tasks/seg.py as of git ``rev`` (or the .py file ``rev``, for a copy without git),
-    imported as a sibling module of the package's."""
+    """sapiens2/tasks/seg/seg_pipeline.py as of git ``rev`` (or the .py file ``rev``, for a copy
+    without git), imported as a sibling module of the package's."""
     if rev.endswith(".py") and Path(rev).is_file():
         text = Path(rev).read_text()
     else:
-        git = ["git", "-C", str(ROOT), "show", f"{rev}:sapiens2/tasks/seg.py"]
+        git = ["git", "-C", str(ROOT), "show", f"{rev}:sapiens2/tasks/seg/seg_pipeline.py"]
         text = subprocess.run(git, capture_output=True, text=True, check=True).stdout
-    name = "sapiens2.tasks._seg_baseline"
+    name = "sapiens2.tasks.seg._seg_baseline"
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
-    module.__file__ = str(ROOT / "sapiens2" / "tasks" / "_seg_baseline.py")  # relative imports resolve
-    module.__package__ = "sapiens2.tasks"
+    module.__file__ = str(
+        ROOT / "sapiens2" / "tasks" / "seg" / "_seg_baseline.py"
+    )  # relative imports resolve
+    module.__package__ = "sapiens2.tasks.seg"
     sys.modules[name] = module  # dataclasses look the module up
     exec(compile(text, module.__file__, "exec"), module.__dict__)
     return module

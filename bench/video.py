@@ -55,7 +55,7 @@ OPTIONS = {
 def make_clip(path: Path, frames: int, wh: tuple[int, int], fps: float = 25.0) -> Path:
     """The assets photo, cover-resized to wh plus a margin, panning 2 px a frame."""
     from sapiens2.inputs.intake import load_image
-    from sapiens2.outputs.render import cover_resize
+    from sapiens2.tasks.matting.matting_render import cover_resize
 
     w, h = wh
     big = cover_resize(load_image(PHOTO).rgb, (h, w + 2 * frames))
@@ -125,7 +125,7 @@ def codec_table(wh: tuple[int, int], frames: int = 30) -> None:
     import cv2
 
     from sapiens2.inputs.intake import load_image
-    from sapiens2.outputs.render import cover_resize
+    from sapiens2.tasks.matting.matting_render import cover_resize
 
     w, h = wh
     big = cover_resize(load_image(PHOTO).rgb, (h, w + 2 * frames))

@@ -176,7 +176,7 @@ if __name__ == "__main__":  # the docs' picture: PYTHONPATH=. python tests/synth
 
     from PIL import Image
 
-    from sapiens2.outputs.openpose import draw_openpose
+    from sapiens2.tasks.pose.openpose import draw_openpose
 
     out = Path(__file__).resolve().parents[1] / "docs" / "images" / "controlnet-pose-hands-face.png"
     Image.fromarray(draw_openpose(*synthetic_person(), SIZE_HW)).save(out, optimize=True)

@@ -210,25 +210,25 @@ def test_per_frame_values_make_one_notice(tmp_path: Path) -> None:
 def test_an_unavailable_borrowed_model_is_tried_and_logged_once(
     tiny_checkpoints, monkeypatch, caplog
 ) -> None:
-    from sapiens2.tasks import seg_borrow
+    from sapiens2.tasks import borrowed_seg
     from sapiens2.tasks.normal import NormalPipeline
 
     tries = []
 
-    class Missing(seg_borrow.SegPipeline):
+    class Missing(borrowed_seg.SegPipeline):
         def __init__(self, *args, **kwargs) -> None:
             tries.append(1)
             raise WeightsUnavailableError("Weights for facebook/sapiens2-seg-0.4b are not available here.")
 
-    monkeypatch.setattr(seg_borrow, "SegPipeline", Missing)
+    monkeypatch.setattr(borrowed_seg, "SegPipeline", Missing)
     pipe = NormalPipeline(checkpoint=tiny_checkpoints["normal"], device="cpu")
     pipe.size = "0.4b"
-    with caplog.at_level(logging.WARNING, logger="sapiens2.tasks.seg_borrow"):
+    with caplog.at_level(logging.WARNING, logger="sapiens2.tasks.borrowed_seg"):
         for _ in range(3):
             with pytest.raises(WeightsUnavailableError):
                 pipe.seg.get()
     assert len(tries) == 1 and len(caplog.records) == 1
-    monkeypatch.setattr(seg_borrow, "RETRY_AFTER_S", 0.0)  # later: tried again
+    monkeypatch.setattr(borrowed_seg, "RETRY_AFTER_S", 0.0)  # later: tried again
     with pytest.raises(WeightsUnavailableError):
         pipe.seg.get()
     assert len(tries) == 2

@@ -17,14 +17,14 @@ from PIL import Image
 
 from sapiens2.errors import OptionError, WeightsUnavailableError
 from sapiens2.models.nn.outputs import NormalOutput, PointmapOutput, SegOutput
-from sapiens2.ops import seg_logits as seg_module
-from sapiens2.outputs.render import colorize_labels
+from sapiens2.tasks.borrowed_seg import LazySeg
 from sapiens2.tasks.features import FeaturesPipeline, FeaturesResult, cosine_similarity
 from sapiens2.tasks.matting import MattingPipeline
 from sapiens2.tasks.normal import NormalPipeline
 from sapiens2.tasks.pointmap import PointmapPipeline
 from sapiens2.tasks.seg import SegLogits, SegPipeline
-from sapiens2.tasks.seg_borrow import LazySeg
+from sapiens2.tasks.seg import seg_logits as seg_module
+from sapiens2.tasks.seg.seg_render import colorize_labels
 
 H, W = 45, 61  # odd, non-square: letterbox padding and rounding are exercised
 # Tiny models run at a quarter of the native input to keep CPU tests fast; the pointmap keeps

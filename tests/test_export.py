@@ -26,6 +26,8 @@ from sapiens2.data.metadata import (
 from sapiens2.errors import InputImageError, OptionError
 from sapiens2.outputs import export
 from sapiens2.outputs.writers import NOW, Writer
+from sapiens2.tasks.matting import matting_render
+from sapiens2.tasks.pose import pose_files
 
 # ---------------------------------------------------------------- names and paths
 
@@ -180,13 +182,13 @@ def test_json_writes_nan_and_inf_as_null(tmp_path: Path) -> None:
 def test_rgba_cutout_unpremultiplies_safely() -> None:
     fg = np.array([[[0.25, 0.1, 0.0], [0.0, 0.0, 0.0], [np.nan, 0.9, np.inf]]], np.float32)
     alpha = np.array([[0.5, 0.0, 0.5]], np.float32)
-    out = export.rgba_cutout(fg, alpha)
+    out = matting_render.rgba_cutout(fg, alpha)
     assert out.dtype == np.uint8 and out.shape == (1, 3, 4)
     assert out[0, 0].tolist() == [128, 51, 0, 128]  # 0.25 / 0.5 = 0.5 -> 128
     assert out[0, 1].tolist() == [0, 0, 0, 0]
     assert out[0, 2].tolist() == [0, 255, 0, 128]  # 0.9 / 0.5 clipped; NaN/inf -> 0
     with pytest.raises(InputImageError, match=r"alpha \(H, W\)"):
-        export.rgba_cutout(fg, np.zeros((2, 2)))
+        matting_render.rgba_cutout(fg, np.zeros((2, 2)))
 
 
 # ---------------------------------------------------------------- pose JSON
@@ -203,7 +205,7 @@ def _two_people() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def test_pose_json_has_308_named_points_per_person(tmp_path: Path) -> None:
     kp, sc, boxes = _two_people()
     kp[1, 5] = np.nan
-    data = export.pose_json(kp, sc, boxes, image_size=(640, 480), box_scores=[0.9, 0.8])
+    data = pose_files.pose_json(kp, sc, boxes, image_size=(640, 480), box_scores=[0.9, 0.8])
     back = json.loads(export.write_json(tmp_path / "p.json", data).read_text())
     assert back["image_size"] == {"width": 640, "height": 480} and len(back["people"]) == 2
     for p, person in enumerate(back["people"]):
@@ -218,7 +220,7 @@ def test_coco17_json_maps_points_and_visibility() -> None:
     kp, sc, boxes = _two_people()
     assert [KEYPOINT_NAMES[i] for i in COCO17_INDEX] == list(COCO17_NAMES)
     sc[0, keypoint_index("left_knee")] = 0.1  # below threshold -> 0, 0, 0
-    data = export.coco17_json(kp, sc, boxes, image_size=(640, 480))
+    data = pose_files.coco17_json(kp, sc, boxes, image_size=(640, 480))
     ann = data["annotations"][0]
     assert len(ann["keypoints"]) == 17 * 3 and len(data["categories"][0]["keypoints"]) == 17
     wrist = COCO17_NAMES.index("left_wrist")  # COCO slot 9 <- 308 index 62
@@ -234,7 +236,7 @@ def test_coco17_json_maps_points_and_visibility() -> None:
 
 def test_openpose_body25_neck_is_the_shoulder_midpoint() -> None:
     kp, sc, _ = _two_people()
-    data = export.openpose_body25_json(kp, sc)
+    data = pose_files.openpose_body25_json(kp, sc)
     assert data["version"] == 1.3 and len(data["people"]) == 2
     flat = data["people"][1]["pose_keypoints_2d"]
     assert len(flat) == 25 * 3 and len(BODY25_NAMES) == 25
@@ -246,7 +248,7 @@ def test_openpose_body25_neck_is_the_shoulder_midpoint() -> None:
     heel = BODY25_NAMES.index("RHeel")
     assert flat[heel * 3] == pytest.approx(kp[1, keypoint_index("right_heel"), 0], abs=0.01)
     sc[1, ls] = 0.0  # a missing shoulder hides the neck
-    assert export.openpose_body25_json(kp, sc)["people"][1]["pose_keypoints_2d"][3:6] == [0, 0, 0]
+    assert pose_files.openpose_body25_json(kp, sc)["people"][1]["pose_keypoints_2d"][3:6] == [0, 0, 0]
 
 
 # ---------------------------------------------------------------- point clouds

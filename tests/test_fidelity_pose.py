@@ -22,10 +22,10 @@ from sapiens2.data.metadata import FLIP_INDEX, NUM_KEYPOINTS
 from sapiens2.inputs.intake import load_image
 from sapiens2.models.detector import detect_people
 from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
-from sapiens2.ops.pose_codec import decode_heatmaps
-from sapiens2.ops.pose_crops import crop_people
 from sapiens2.tasks.features import FeaturesPipeline
 from sapiens2.tasks.pose import TASK, PosePipeline, PosePrep, PoseRaw
+from sapiens2.tasks.pose.pose_codec import decode_heatmaps
+from sapiens2.tasks.pose.pose_crops import crop_people
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 IN_H, IN_W = 1024, 768

@@ -29,7 +29,7 @@ from sapiens2.inputs.network import (
     resize_to,
 )
 from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
-from sapiens2.ops.pose_crops import (
+from sapiens2.tasks.pose.pose_crops import (
     apply_affine,
     box_to_center_scale,
     crop_people,

@@ -17,9 +17,9 @@ from synthetic_person import SIZE_HW, synthetic_person
 
 from sapiens2.data.face68 import FACE70
 from sapiens2.data.metadata import COCO_WHOLEBODY_NAMES, COCO_WHOLEBODY_PARTS, NUM_KEYPOINTS
-from sapiens2.outputs import keypoint_formats as kf
-from sapiens2.outputs import openpose as op
-from sapiens2.outputs.export import openpose_body25_json
+from sapiens2.tasks.pose import keypoint_formats as kf
+from sapiens2.tasks.pose import openpose as op
+from sapiens2.tasks.pose.pose_files import openpose_body25_json
 
 ROOT = Path(__file__).resolve().parents[1]
 KP308 = json.loads((ROOT / "sapiens2" / "data" / "keypoints308.json").read_text())

@@ -217,3 +217,99 @@ def _in_a_function(path: Path) -> Callable[[int], bool]:
     kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
     spans = [(n.lineno, n.end_lineno or 0) for n in ast.walk(tree) if isinstance(n, kinds)]
     return lambda line: any(a < line <= b for a, b in spans)
+
+
+# ----------------------------------------------------------------------------- one name, one thing
+
+
+def task_folders() -> dict[str, Path]:
+    """Builtin task name -> the folder its ``TASK`` is declared in (under ``sapiens2/tasks/``)."""
+    from sapiens2.tasks import registry
+
+    return {
+        name: PACKAGE / "tasks" / task.pipeline.__module__.split(".")[2]
+        for name, task in registry.declared().items()
+        if task.pipeline.__module__.startswith("sapiens2.tasks.")
+    }
+
+
+def prefixed_elsewhere(paths: list[Path], prefix: str, folder: Path) -> list[Path]:
+    """Modules named ``<prefix>_*.py`` outside ``folder``."""
+    return [p for p in paths if p.stem.startswith(f"{prefix}_") and folder not in p.parents]
+
+
+def shared_base_names(paths: list[Path]) -> dict[str, list[Path]]:
+    """Base name -> the modules of that name, where more than one has it (``__init__`` aside)."""
+    seen: dict[str, list[Path]] = {}
+    for path in paths:
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(path)
+    return {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def shared_class_names(paths: list[Path]) -> dict[str, list[str]]:
+    """Class name -> ``file:line`` of each class of that name, where more than one has it."""
+    seen: dict[str, list[str]] = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(f"{path.name}:{node.lineno}")
+    return {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def test_one_folder_per_task() -> None:
+    """Every builtin task is declared in its own folder ``sapiens2/tasks/<name>/``, whose
+    ``__init__`` exposes its ``TASK``; no module outside that folder carries the task's prefix."""
+    import importlib
+
+    folders = task_folders()
+    assert len(folders) >= 8, f"builtin tasks found: {sorted(folders)}"
+    bad = []
+    for name, folder in folders.items():
+        package = importlib.import_module(f"sapiens2.tasks.{folder.name}")
+        if folder.parent != PACKAGE / "tasks" or getattr(package, "TASK", None) is not _task(name):
+            bad.append(f"{name}: TASK is not exposed by a folder sapiens2/tasks/<name>/ ({folder})")
+        for prefix in {name, folder.name}:
+            bad += [f"{p.relative_to(ROOT)} carries {name}'s prefix outside {folder.relative_to(ROOT)}"
+                    for p in prefixed_elsewhere(package_modules(), prefix, folder)]  # fmt: skip
+    assert not bad, "\n".join(bad)
+
+
+def _task(name: str) -> object:
+    from sapiens2.tasks import registry
+
+    return registry.get(name)
+
+
+def test_no_two_modules_share_a_base_name() -> None:
+    shared = shared_base_names(package_modules())
+    assert not shared, "modules sharing a base name:\n" + "\n".join(
+        " ".join(str(p.relative_to(ROOT)) for p in where) for where in shared.values()
+    )
+
+
+def test_no_two_classes_share_a_name() -> None:
+    shared = shared_class_names(package_modules())
+    assert not shared, "classes sharing a name:\n" + "\n".join(
+        f"{n}: {', '.join(w)}" for n, w in shared.items()
+    )
+
+
+def test_the_name_checks_find_what_they_check(tmp_path: Path) -> None:
+    """Each check names a planted offender, so a passing run means there was nothing to find."""
+    made = []
+    for rel in (
+        "a/__init__.py",
+        "b/__init__.py",
+        "a/runner.py",
+        "b/runner.py",
+        "pose/x.py",
+        "ops/pose_codec.py",
+    ):
+        path = tmp_path / rel
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("class Job:\n    pass\n")
+        made.append(path)
+    assert list(shared_base_names(made)) == ["runner.py"]
+    assert shared_class_names(made)["Job"][0] == "__init__.py:1" and len(shared_class_names(made)["Job"]) == 6
+    assert prefixed_elsewhere(made, "pose", tmp_path / "pose") == [tmp_path / "ops" / "pose_codec.py"]

@@ -30,7 +30,7 @@ def write_y4m(path: Path, frames: int = 20, wh: tuple[int, int] = (640, 480)) ->
     import cv2
 
     from sapiens2.inputs.intake import load_image
-    from sapiens2.outputs.render import cover_resize
+    from sapiens2.tasks.matting.matting_render import cover_resize
 
     w, h = wh
     photo = load_image(str(ROOT / "assets" / "pexels-cc0-soccer-three-players-motion.jpg")).rgb

@@ -13,13 +13,13 @@ import pytest
 from test_mesh import F, colours, plane_pointmap
 
 from sapiens2.errors import ResultNotFoundError
-from sapiens2.outputs.pointmap_files import make_full_resolution
 from sapiens2.outputs.writers import Writer
 from sapiens2.serving import RequestFolders, on_demand
 from sapiens2.tasks import registry
 from sapiens2.tasks.base import RunInfo
 from sapiens2.tasks.pointmap import TASK as POINTMAP
 from sapiens2.tasks.pointmap import PointmapResult
+from sapiens2.tasks.pointmap.pointmap_files import make_full_resolution
 
 [ENTRY] = POINTMAP.on_demand
 

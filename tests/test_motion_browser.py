@@ -21,8 +21,8 @@ from video_clips import write_clip
 sync_api = playwright_or_skip()
 gr = pytest.importorskip("gradio")
 
-from sapiens2.outputs.motion_files import write_motion_glb  # noqa: E402
-from sapiens2.outputs.skeleton3d import write_skeleton_cloud_glb  # noqa: E402
+from sapiens2.tasks.pose.motion_files import write_motion_glb  # noqa: E402
+from sapiens2.tasks.pose.skeleton3d import write_skeleton_cloud_glb  # noqa: E402
 
 pytestmark = pytest.mark.browser
 

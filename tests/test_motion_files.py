@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from motion_synth import walker
 
-from sapiens2.outputs.bvh import BODY, bvh_text, euler_zxy
-from sapiens2.outputs.motion_files import write_keypoints_csv, write_keypoints_npz, write_motion_glb
-from sapiens2.outputs.skeleton3d import joint_tree, write_skeleton_cloud_glb
+from sapiens2.tasks.pose.bvh import BODY, bvh_text, euler_zxy
+from sapiens2.tasks.pose.motion_files import write_keypoints_csv, write_keypoints_npz, write_motion_glb
+from sapiens2.tasks.pose.skeleton3d import joint_tree, write_skeleton_cloud_glb
 from sapiens2.video.clip_motion import (
     Motion,
     MotionOptions,
@@ -353,7 +353,7 @@ def test_bvh_rotations_rebuild_the_bone_directions() -> None:
     names, offsets, values = _fk(bvh_text(pts, FPS))
     assert names == [n for n, _, _ in BODY] and values.shape == (FRAMES, 3 + 3 * len(BODY))
     parent = {n: p for n, p, _ in BODY}
-    from sapiens2.outputs.bvh import body_positions
+    from sapiens2.tasks.pose.bvh import body_positions
 
     want = body_positions(pts)
     index = {n: i for i, n in enumerate(names)}

@@ -12,8 +12,9 @@ import pytest
 
 from sapiens2.errors import OptionError
 from sapiens2.models import cost
-from sapiens2.ops.pose_lift import lift_keypoints
-from sapiens2.tasks import pose_3d, registry
+from sapiens2.tasks import registry
+from sapiens2.tasks.pose import pose_3d
+from sapiens2.tasks.pose.pose_lift import lift_keypoints
 
 H, W, F, CX, CY = 120, 160, 150.0, 80.0, 60.0
 A, B, C = 0.3, -0.2, 2.5  # the person's plane: z = A x + B y + C

@@ -1,4 +1,4 @@
-"""OpenPose COCO-18 JSON and the ControlNet conditioning picture (sapiens2.outputs.openpose)."""
+"""OpenPose COCO-18 JSON and the ControlNet conditioning picture (sapiens2.tasks.pose.openpose)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sapiens2.data.metadata import NUM_KEYPOINTS, keypoint_index
-from sapiens2.outputs import openpose as op
+from sapiens2.tasks.pose import openpose as op
 
 # a hand-built person: (x, y) per 308 name; everything else scores 0
 BODY = {

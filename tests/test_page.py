@@ -25,10 +25,10 @@ from sapiens2.errors import (  # noqa: E402
     WeightsUnavailableError,
     for_visitor,
 )
-from sapiens2.outputs.render import segmentation_legend_html  # noqa: E402
 from sapiens2.serving.present import Stages, run_info, what_ran  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
 from sapiens2.tasks.options import Option  # noqa: E402
+from sapiens2.tasks.seg.seg_render import segmentation_legend_html  # noqa: E402
 from sapiens2.ui import arrival  # noqa: E402
 from sapiens2.ui.handlers import ErrorBoard, user_error  # noqa: E402
 

@@ -17,11 +17,10 @@ from sapiens2.data.metadata import COCO17_NAMES, FLIP_INDEX, KEYPOINT_NAMES, NUM
 from sapiens2.errors import OptionError
 from sapiens2.models.nn.outputs import PoseOutput
 from sapiens2.models.zoo import IMAGE_MEAN, IMAGE_STD
-from sapiens2.ops import pose_codec
-from sapiens2.ops.pose_codec import heatmap_to_crop
-from sapiens2.ops.pose_crops import apply_affine, box_to_center_scale, inverse_warp_matrix, warp_matrix
 from sapiens2.tasks import pipeline, pipeline_class, registry
-from sapiens2.tasks.pose import PosePipeline, PoseResult, decode_heatmaps, flip_back, merge_flip
+from sapiens2.tasks.pose import PosePipeline, PoseResult, decode_heatmaps, flip_back, merge_flip, pose_codec
+from sapiens2.tasks.pose.pose_codec import heatmap_to_crop
+from sapiens2.tasks.pose.pose_crops import apply_affine, box_to_center_scale, inverse_warp_matrix, warp_matrix
 
 
 def gaussians(

@@ -26,6 +26,7 @@ from sapiens2.models.zoo import TaskSpec  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
 from sapiens2.tasks.base import RunInfo, TaskResult  # noqa: E402
 from sapiens2.tasks.options import Option  # noqa: E402
+from sapiens2.tasks.result_record import Column, Record  # noqa: E402
 
 # ----------------------------------------------------------------------------- a toy task (one file's worth)
 
@@ -57,6 +58,11 @@ class InvertPipeline:
         self.size = size or "tiny"
         self.calls = 0
 
+    @classmethod
+    def without_weights(cls, size: str | None, **kwargs: Any) -> InvertPipeline:
+        """The weight-free stages a batch's CPU side runs (there are no weights at all here)."""
+        return cls(size)
+
     def prepare(self, intake: Intake, **opts: Any) -> np.ndarray:
         return intake.work
 
@@ -87,6 +93,10 @@ TOY = registry.Task(
         Option(
             "strength", "float", 1.0, "render", "Strength", "how much to invert", low=0.0, high=1.0, step=0.1
         ),
+    ),
+    record=Record(
+        (Column("inverted_png", "png", "the negative"), Column("darkness", "float", "mean of the negative")),
+        lambda result: {"inverted_png": result.inverted, "darkness": float(result.inverted.mean())},
     ),
 )
 
@@ -132,7 +142,7 @@ def test_each_task_module_is_found_and_the_model_layer_reads_the_zoo_rows() -> N
     from sapiens2.models.nn.heads import predictors
 
     for task in registry.declared().values():
-        assert task.pipeline.__module__.rsplit(".", 1)[1] in registry.builtin_modules()
+        assert task.pipeline.__module__.split(".")[2] in registry.builtin_modules()  # tasks/<name>/
         assert tasks_pkg.pipeline_class(task.name) is task.pipeline
         assert getattr(sapiens2, task.pipeline.__name__) is task.pipeline  # public name, derived
         assert issubclass(outputs.output_type(task.spec.output), outputs.TaskOutput)
@@ -188,3 +198,39 @@ def test_a_registered_task_gets_cli_flags(toy, tmp_path, capsys) -> None:
 def test_a_task_name_cannot_be_registered_twice(toy) -> None:
     with pytest.raises(OptionError, match="already registered"):
         registry.register(toy)
+
+
+def test_a_registered_task_with_a_record_runs_in_a_local_batch(toy, tmp_path) -> None:
+    """The toy's declared record is its batch row: one row per photo, a broken file an error row;
+    a task without a record is refused before anything runs."""
+    import dataclasses
+
+    from sapiens2 import batch
+    from sapiens2.batch import records
+    from sapiens2.batch.job import BatchJob, task_plan
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    Image.fromarray(photo()).save(folder / "a.png")
+    (folder / "b.png").write_bytes(b"not a png at all")
+    batch.run(BatchJob((task_plan(toy),), str(tmp_path / "out")), str(folder), progress=False)
+    good, bad = batch.read_task(str(tmp_path / "out"), toy).sort_by("source").to_pylist()
+    assert good["error"] is None and (good["width"], good["height"]) == (30, 20)
+    assert np.array_equal(records.read_png(good["inverted_png"]), 255 - photo())
+    assert good["darkness"] == pytest.approx(float((255 - photo()).mean()))
+    assert bad["error"] and bad["inverted_png"] is None and bad["darkness"] is None
+    assert records.schema(toy).names[5:] == ["inverted_png", "darkness"]
+    assert "invert" in records.batch_tasks()
+    with pytest.raises(OptionError, match=r"invert has no batch record; batch runs: pose, seg"):
+        task_plan(dataclasses.replace(toy, record=None))
+
+
+def test_a_record_is_checked_where_it_is_declared() -> None:
+    with pytest.raises(OptionError, match="kind 'npz'"):
+        Column("x", "npz")  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="needs kind 'tensor'"):
+        Column("x", "png", shape=(3,))
+    with pytest.raises(OptionError, match="dtype 'int8'"):
+        Column("x", "npy", dtype="int8")
+    with pytest.raises(OptionError, match="distinct names"):
+        Record((Column("x", "png"), Column("x", "float")), dict)

@@ -16,6 +16,11 @@ from sapiens2.data.metadata import (
 )
 from sapiens2.errors import InputImageError, OptionError
 from sapiens2.outputs import render
+from sapiens2.tasks.features import features_render
+from sapiens2.tasks.matting import matting_render
+from sapiens2.tasks.normal import normal_render
+from sapiens2.tasks.pose import pose_render
+from sapiens2.tasks.seg import seg_render
 
 H, W = 120, 160
 
@@ -42,13 +47,13 @@ def test_every_renderer_returns_rgb_uint8_of_the_input_size() -> None:
     labels = rng.integers(0, 29, (H, W))
     kp = rng.random((2, NUM_KEYPOINTS, 2)) * [W, H]
     outs = [
-        render.draw_pose(img, kp, rng.random((2, NUM_KEYPOINTS))),
-        render.colorize_labels(labels),
-        render.blend_segmentation(img, labels),
-        render.normals_to_rgb(rng.normal(size=(H, W, 3)), labels > 0, background=img),
+        pose_render.draw_pose(img, kp, rng.random((2, NUM_KEYPOINTS))),
+        seg_render.colorize_labels(labels),
+        seg_render.blend_segmentation(img, labels),
+        normal_render.normals_to_rgb(rng.normal(size=(H, W, 3)), labels > 0, background=img),
         render.depth_to_turbo(rng.random((H, W)) + 1, labels > 0),
-        render.composite(rng.random((H, W, 3)) * 0.5, rng.random((H, W))),
-        render.pca_rgb(rng.normal(size=(16, 12, 16)), out_hw=(H, W)),
+        matting_render.composite(rng.random((H, W, 3)) * 0.5, rng.random((H, W))),
+        features_render.pca_rgb(rng.normal(size=(16, 12, 16)), out_hw=(H, W)),
     ]
     for out in outs:
         assert out.shape == (H, W, 3) and out.dtype == np.uint8
@@ -65,15 +70,15 @@ def test_nan_and_inf_inputs_give_finite_uint8_without_crashing() -> None:
     feats = rng.normal(size=(8, 6, 8))
     feats[0, 0, 0], feats[3, 2, 2], feats[5, 1, 1] = np.nan, np.inf, 1e30
     outs = [
-        render.draw_pose(img, kp, sc, boxes=[[np.nan, 0, 10, 10], [1e30, -1e30, 5, 5]]),
-        render.colorize_labels(rng.choice(bad, size=(H, W))),
-        render.blend_segmentation(img, rng.choice(bad, size=(H, W))),
-        render.normals_to_rgb(normals),
+        pose_render.draw_pose(img, kp, sc, boxes=[[np.nan, 0, 10, 10], [1e30, -1e30, 5, 5]]),
+        seg_render.colorize_labels(rng.choice(bad, size=(H, W))),
+        seg_render.blend_segmentation(img, rng.choice(bad, size=(H, W))),
+        normal_render.normals_to_rgb(normals),
         render.depth_to_turbo(rng.choice(np.r_[bad, 2.0, 3.0], size=(H, W)), np.ones((H, W), bool)),
         render.depth_to_turbo(np.full((H, W), np.nan), np.ones((H, W), bool)),
-        render.composite(rng.choice(bad, size=(H, W, 3)), rng.choice(bad, size=(H, W))),
-        render.pca_rgb(feats, out_hw=(H, W)),
-        render.pca_rgb(np.full((4, 5, 5), np.nan)),
+        matting_render.composite(rng.choice(bad, size=(H, W, 3)), rng.choice(bad, size=(H, W))),
+        features_render.pca_rgb(feats, out_hw=(H, W)),
+        features_render.pca_rgb(np.full((4, 5, 5), np.nan)),
     ]
     for out in outs:
         assert out.dtype == np.uint8 and out.ndim == 3
@@ -86,33 +91,33 @@ def test_pose_draws_visible_points_and_links_and_skips_low_scores() -> None:
     img = np.zeros((H, W, 3), np.uint8)
     # left ankle (13) - left knee (11) is a green link; left elbow (7) is scored below threshold
     kp, sc = _person({13: (20, 60, 0.9), 11: (100, 60, 0.9), 7: (140, 20, 0.1)})
-    out = render.draw_pose(img, kp, sc, threshold=0.3)
+    out = pose_render.draw_pose(img, kp, sc, threshold=0.3)
     assert not out.any(axis=2).all() and img.max() == 0  # input untouched
     assert np.abs(_patch(out, 20, 60).astype(int) - KEYPOINT_COLORS[13]).sum(axis=2).min() <= 3
     mid = _patch(out, 60, 60, 1)
     assert mid[..., 1].max() > 150 and mid[..., 0].max() < 60  # the link's green (0, 255, 0)
     assert _patch(out, 140, 20, 6).max() == 0
-    assert _patch(render.draw_pose(img, kp, sc, threshold=0.05), 140, 20).max() > 0
+    assert _patch(pose_render.draw_pose(img, kp, sc, threshold=0.05), 140, 20).max() > 0
 
 
 def test_pose_face_and_body_only_options_change_what_is_drawn() -> None:
     img = np.zeros((H, W, 3), np.uint8)
     face, hand, knee = int(KEYPOINT_GROUPS["face"][10]), 21, 11
     kp, sc = _person({face: (30, 30, 1.0), hand: (120, 30, 1.0), knee: (70, 90, 1.0)})
-    full = render.draw_pose(img, kp, sc)
-    no_face = render.draw_pose(img, kp, sc, show_face=False)
-    body = render.draw_pose(img, kp, sc, body_only=True)
+    full = pose_render.draw_pose(img, kp, sc)
+    no_face = pose_render.draw_pose(img, kp, sc, show_face=False)
+    body = pose_render.draw_pose(img, kp, sc, body_only=True)
     assert _patch(full, 30, 30).max() > 0 and _patch(no_face, 30, 30, 6).max() == 0
     assert _patch(full, 120, 30).max() > 0 and _patch(body, 120, 30, 6).max() == 0
     assert _patch(body, 70, 90).max() > 0 and _patch(body, 30, 30, 6).max() == 0
 
 
 def test_pose_sizes_scale_with_the_image_and_boxes_are_drawn() -> None:
-    assert render.pose_style(1024, 768) == (2, 3)
-    assert render.pose_style(1080, 1920) == (4, 6)
-    assert render.pose_style(10, 10) == (1, 2)
+    assert pose_render.pose_style(1024, 768) == (2, 3)
+    assert pose_render.pose_style(1080, 1920) == (4, 6)
+    assert pose_render.pose_style(10, 10) == (1, 2)
     kp, sc = _person({})
-    out = render.draw_pose(np.zeros((H, W, 3), np.uint8), kp, sc, boxes=[[10, 10, 100, 80]])
+    out = pose_render.draw_pose(np.zeros((H, W, 3), np.uint8), kp, sc, boxes=[[10, 10, 100, 80]])
     r, g, b = out[10, 50].tolist()  # antialiased edge of the green box
     assert g > 150 and r == b == 0 and out[45, 50].max() == 0
 
@@ -121,11 +126,11 @@ def test_pose_rejects_bad_threshold_and_shapes() -> None:
     kp, sc = _person({})
     img = np.zeros((8, 8, 3), np.uint8)
     with pytest.raises(OptionError, match=r"threshold must be a number in \[0, 1\]"):
-        render.draw_pose(img, kp, sc, threshold=1.5)
+        pose_render.draw_pose(img, kp, sc, threshold=1.5)
     with pytest.raises(InputImageError, match=r"keypoints must have shape \(P, 308, 2\)"):
-        render.draw_pose(img, np.zeros((1, 17, 2)), sc)
+        pose_render.draw_pose(img, np.zeros((1, 17, 2)), sc)
     with pytest.raises(InputImageError, match=r"scores must have shape \(1, 308\)"):
-        render.draw_pose(img, kp, np.zeros((1, 17)))
+        pose_render.draw_pose(img, kp, np.zeros((1, 17)))
 
 
 # ---------------------------------------------------------------- segmentation
@@ -134,22 +139,22 @@ def test_pose_rejects_bad_threshold_and_shapes() -> None:
 def test_colorize_and_blend_follow_the_palette_and_formula() -> None:
     labels = np.array([[0, 4], [15, 99]])  # 99 is not a class: shown as background
     img = np.full((2, 2, 3), 200, np.uint8)
-    colours = render.colorize_labels(labels)
+    colours = seg_render.colorize_labels(labels)
     assert (colours[0, 1] == SEG_PALETTE[4]).all() and (colours[1, 1] == SEG_PALETTE[0]).all()
-    blend = render.blend_segmentation(img, labels, opacity=0.5).astype(int)
+    blend = seg_render.blend_segmentation(img, labels, opacity=0.5).astype(int)
     expected = (img.astype(int) + SEG_PALETTE[np.where(labels == 99, 0, labels)]) / 2
     assert np.abs(blend - expected).max() <= 1  # background (class 0) is blended too
-    kept = render.blend_segmentation(img, labels, classes=["hair"])
+    kept = seg_render.blend_segmentation(img, labels, classes=["hair"])
     assert (kept[0, 1] == blend[0, 1]).all() and (kept[[0, 1, 1], [0, 0, 1]] == 200).all()
-    assert (render.blend_segmentation(img, labels, classes=[4]) == kept).all()
+    assert (seg_render.blend_segmentation(img, labels, classes=[4]) == kept).all()
 
 
 def test_blend_rejects_bad_opacity_and_mismatched_labels() -> None:
     img = np.zeros((4, 4, 3), np.uint8)
     with pytest.raises(OptionError, match=r"opacity must be a number in \[0, 1\]"):
-        render.blend_segmentation(img, np.zeros((4, 4), int), opacity=2)
+        seg_render.blend_segmentation(img, np.zeros((4, 4), int), opacity=2)
     with pytest.raises(InputImageError, match="label map has size"):
-        render.blend_segmentation(img, np.zeros((3, 4), int))
+        seg_render.blend_segmentation(img, np.zeros((3, 4), int))
 
 
 def test_legend_lists_exactly_the_classes_present() -> None:
@@ -157,29 +162,29 @@ def test_legend_lists_exactly_the_classes_present() -> None:
     labels[:5] = 4  # Hair: 25 %
     labels[5:7] = 15  # Right_Hand: 10 %
     present = np.unique(labels)
-    shares = render.class_shares(labels)
+    shares = seg_render.class_shares(labels)
     assert shares[4] == pytest.approx(0.25) and shares.sum() == pytest.approx(1.0)
-    legend = render.segmentation_legend(present, shares)
-    assert legend.dtype == np.uint8 and legend.shape[0] == 2 * render.LEGEND_PAD + render.LEGEND_ROW_H * len(
-        present
-    )
+    legend = seg_render.segmentation_legend(present, shares)
+    assert legend.dtype == np.uint8 and legend.shape[
+        0
+    ] == 2 * seg_render.LEGEND_PAD + seg_render.LEGEND_ROW_H * len(present)
     flat = legend.reshape(-1, 3)
     for c in range(len(SEG_CLASS_NAMES)):
         colour = SEG_PALETTE[c]
         count = int((flat == colour).all(axis=1).sum())
         if c in present:
-            assert count >= render.LEGEND_SWATCH**2
+            assert count >= seg_render.LEGEND_SWATCH**2
         elif len(set(colour.tolist())) > 1:  # grey colours may appear in antialiased text
             assert count == 0, SEG_CLASS_NAMES[c]
-    assert render.segmentation_legend([]).shape[0] == 2 * render.LEGEND_PAD + render.LEGEND_ROW_H
+    assert seg_render.segmentation_legend([]).shape[0] == 2 * seg_render.LEGEND_PAD + seg_render.LEGEND_ROW_H
     with pytest.raises(OptionError, match="Valid classes .*Background, Apparel"):
-        render.segmentation_legend([3, 40])
+        seg_render.segmentation_legend([3, 40])
 
 
 def _text_height(legend: np.ndarray) -> int:
     """Rows of the first entry's text (dark pixels right of the swatch): the glyphs' height."""
-    x0 = render.LEGEND_PAD * 2 + render.LEGEND_SWATCH
-    dark = (legend[: render.LEGEND_PAD + render.LEGEND_ROW_H, x0:] < 100).all(axis=2).any(axis=1)
+    x0 = seg_render.LEGEND_PAD * 2 + seg_render.LEGEND_SWATCH
+    dark = (legend[: seg_render.LEGEND_PAD + seg_render.LEGEND_ROW_H, x0:] < 100).all(axis=2).any(axis=1)
     rows = np.flatnonzero(dark)
     return int(rows[-1] - rows[0] + 1)
 
@@ -188,14 +193,19 @@ def test_legend_text_is_readable_and_skips_classes_at_zero_percent() -> None:
     labels = np.zeros((100, 100), int)
     labels[:30] = 4  # Hair: 30 %
     labels[0, 0] = 7  # 0.01 %: prints as 0.0 %, so it is left out
-    shares = render.class_shares(labels)
-    legend = render.segmentation_legend(np.unique(labels), shares)
-    assert legend.shape[0] == 2 * render.LEGEND_PAD + 2 * render.LEGEND_ROW_H  # Background and Hair only
+    shares = seg_render.class_shares(labels)
+    legend = seg_render.segmentation_legend(np.unique(labels), shares)
+    assert (
+        legend.shape[0] == 2 * seg_render.LEGEND_PAD + 2 * seg_render.LEGEND_ROW_H
+    )  # Background and Hair only
     assert (legend.reshape(-1, 3) == SEG_PALETTE[7]).all(axis=1).sum() == 0
     assert _text_height(legend) >= 16  # capitals about 17 px high (the old legend: 11 px, shown ~8 px)
     # many classes: columns, so the legend stays wide rather than tall
-    everything = render.segmentation_legend(range(len(SEG_CLASS_NAMES)))
-    assert everything.shape[0] == 2 * render.LEGEND_PAD + render.LEGEND_ROW_H * render.LEGEND_ROWS_PER_COLUMN
+    everything = seg_render.segmentation_legend(range(len(SEG_CLASS_NAMES)))
+    assert (
+        everything.shape[0]
+        == 2 * seg_render.LEGEND_PAD + seg_render.LEGEND_ROW_H * seg_render.LEGEND_ROWS_PER_COLUMN
+    )
     assert everything.shape[1] > everything.shape[0]
 
 
@@ -219,13 +229,13 @@ def test_normals_map_axes_to_channels_and_mask_shows_background() -> None:
     n[1, 2] = np.nan
     mask = np.array([[True, True, True], [False, True, True]])
     photo = np.full((2, 3, 3), 7, np.uint8)
-    out = render.normals_to_rgb(n, mask)
+    out = normal_render.normals_to_rgb(n, mask)
     assert out[0].tolist() == [[255, 128, 128], [128, 0, 128], [128, 128, 255]]
     assert out[1, 0].tolist() == [0, 0, 0] and out[1, 2].tolist() == [0, 0, 0]
-    on_photo = render.normals_to_rgb(n, mask, background=photo)
+    on_photo = normal_render.normals_to_rgb(n, mask, background=photo)
     assert on_photo[1, 0].tolist() == [7, 7, 7] and on_photo[1, 1].tolist() == [128, 128, 255]
     with pytest.raises(OptionError, match="'black', 'white' or an image"):
-        render.normals_to_rgb(n, background="purple")
+        normal_render.normals_to_rgb(n, background="purple")
 
 
 def test_turbo_bounds_are_the_foreground_percentiles() -> None:
@@ -255,16 +265,20 @@ def test_composite_equals_the_formula() -> None:
     alpha = np.array([[0.5, 0.25]], np.float32)
     bg = np.array([100, 50, 0], np.float32) / 255
     expected = np.clip(fg + (1 - alpha[..., None]) * bg, 0, 1) * 255
-    out = render.composite(fg, alpha, (100, 50, 0))
+    out = matting_render.composite(fg, alpha, (100, 50, 0))
     assert np.abs(out - expected).max() <= 0.5 + 1e-4
     assert out[0, 1].tolist() == [255, 255, 230]  # red and green clamped
-    green = render.composite(np.zeros((1, 1, 3)), np.zeros((1, 1)))
-    assert green[0, 0].tolist() == list(render.CHROMA_GREEN)
-    assert render.composite(np.zeros((1, 1, 3)), np.zeros((1, 1)), "#ff8000")[0, 0].tolist() == [255, 128, 0]
+    green = matting_render.composite(np.zeros((1, 1, 3)), np.zeros((1, 1)))
+    assert green[0, 0].tolist() == list(matting_render.CHROMA_GREEN)
+    assert matting_render.composite(np.zeros((1, 1, 3)), np.zeros((1, 1)), "#ff8000")[0, 0].tolist() == [
+        255,
+        128,
+        0,
+    ]
     with pytest.raises(OptionError, match="three numbers in 0-255"):
-        render.composite(fg, alpha, (300, 0, 0))
+        matting_render.composite(fg, alpha, (300, 0, 0))
     with pytest.raises(OptionError, match="'#rrggbb'"):
-        render.composite(fg, alpha, "#zz")
+        matting_render.composite(fg, alpha, "#zz")
 
 
 @pytest.mark.parametrize("mode", ["RGBA", "L", "RGB", "numpy-L", "numpy-RGBA"])
@@ -281,7 +295,7 @@ def test_composite_background_image_of_other_size_and_mode(mode: str) -> None:
         bg = ramp
     else:
         bg = np.dstack([rgb, np.full_like(ramp, 255)])
-    out = render.composite(np.zeros((20, 20, 3)), np.zeros((20, 20)), bg)
+    out = matting_render.composite(np.zeros((20, 20, 3)), np.zeros((20, 20)), bg)
     assert out.shape == (20, 20, 3) and out.dtype == np.uint8
     # cover: 10x40 -> 20x80, centre crop keeps the middle quarter of the ramp
     assert 80 < out[10, 0, 0] < 110 and 145 < out[10, 19, 0] < 175
@@ -290,16 +304,16 @@ def test_composite_background_image_of_other_size_and_mode(mode: str) -> None:
 
 def test_cover_resize_of_a_transparent_background_uses_white() -> None:
     clear = np.zeros((5, 5, 4), np.uint8)
-    assert (render.cover_resize(clear, (3, 7)) == 255).all()
+    assert (matting_render.cover_resize(clear, (3, 7)) == 255).all()
 
 
 def test_cover_resize_of_an_extreme_strip_stays_small() -> None:
     strip = np.zeros((2, 10000, 3), np.uint8)
     strip[:, 4990:5010] = 255  # covering 50 x 60 keeps only ~2 source columns: the white centre
-    out = render.cover_resize(strip, (50, 60))
+    out = matting_render.cover_resize(strip, (50, 60))
     assert out.shape == (50, 60, 3) and out.min() == 255
     strip[:, 4990:5010], strip[:, :100] = 0, 255
-    assert render.cover_resize(strip, (50, 60)).max() == 0
+    assert matting_render.cover_resize(strip, (50, 60)).max() == 0
 
 
 # ---------------------------------------------------------------- PCA
@@ -312,19 +326,19 @@ def test_pca_rgb_recovers_the_leading_component_and_honours_the_mask() -> None:
     basis = np.linalg.qr(rng.normal(size=(d, 3)))[0]
     x = scores @ basis.T + rng.normal(size=(h * w, d)) * 0.01
     feats = x.T.reshape(d, h, w)
-    out = render.pca_rgb(feats)
+    out = features_render.pca_rgb(feats)
     assert out.shape == (h, w, 3)
     corr = np.corrcoef(out[..., 0].ravel().astype(float), scores[:, 0])[0, 1]
     assert abs(corr) > 0.95
-    assert (render.pca_rgb(feats) == out).all()  # deterministic
+    assert (features_render.pca_rgb(feats) == out).all()  # deterministic
     mask = np.zeros((h, w), bool)
     mask[:, : w // 2] = True
-    masked = render.pca_rgb(feats, mask=mask)
+    masked = features_render.pca_rgb(feats, mask=mask)
     assert masked[:, w // 2 :].max() == 0 and masked[:, : w // 2].max() > 0
-    small = render.pca_rgb(feats[:2])  # fewer than 3 channels: missing components stay 0
+    small = features_render.pca_rgb(feats[:2])  # fewer than 3 channels: missing components stay 0
     assert small[..., 2].max() == 0 and small[..., 0].max() > 0
     with pytest.raises(InputImageError, match=r"\(D, h, w\)"):
-        render.pca_rgb(np.zeros((3, 3)))
+        features_render.pca_rgb(np.zeros((3, 3)))
 
 
 @pytest.mark.parametrize("block", [1, 7, 53 * 3 + 5, 1 << 20])

@@ -170,8 +170,8 @@ def test_keypoint_sets_flip_and_lift() -> None:
 def test_decoding_maps_heatmap_peaks_as_the_spec_says() -> None:
     """Spec 4.1: x = x_hm / 191 x s_w + c_x - s_w / 2 (and y with 255, s_h); the box x1.25,
     widened to the network's 3:4 (docs/SAPIENS_V1.md: the demo's photo-aspect crop is a quirk)."""
-    from sapiens2.ops.pose_codec import decode_crops
-    from sapiens2.ops.pose_crops import apply_affine, crop_geometry
+    from sapiens2.tasks.pose.pose_codec import decode_crops
+    from sapiens2.tasks.pose.pose_crops import apply_affine, crop_geometry
 
     ys, xs = np.mgrid[0:256, 0:192]
     peak = np.exp(-((xs - 95) ** 2 + (ys - 127) ** 2) / (2 * 6.0**2)).astype(np.float32)

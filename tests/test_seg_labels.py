@@ -18,11 +18,11 @@ from PIL import Image
 
 from sapiens2.data.metadata import SEG_PALETTE
 from sapiens2.errors import InputImageError
-from sapiens2.ops import seg_logits as seg_module
-from sapiens2.ops.seg_logits import SegLogits, finite_logits
 from sapiens2.outputs import export
-from sapiens2.outputs.render import colorize_labels, label_ids
 from sapiens2.tasks.seg import SegResult
+from sapiens2.tasks.seg import seg_logits as seg_module
+from sapiens2.tasks.seg.seg_logits import SegLogits, finite_logits
+from sapiens2.tasks.seg.seg_render import colorize_labels, label_ids
 
 CPU = torch.device("cpu")
 # upscale and downscale, non-integer ratios, 1-pixel sides, and the source size itself

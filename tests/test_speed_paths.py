@@ -14,11 +14,11 @@ import torch
 from sapiens2.inputs import network as network_input
 from sapiens2.models import compile as compiling
 from sapiens2.models.loading import load_model
-from sapiens2.ops import pose_crops
-from sapiens2.ops.pose_codec import decode_heatmaps
 from sapiens2.runtime import cpus
 from sapiens2.runtime import threads as cpu_threads
 from sapiens2.tasks import pipeline_class
+from sapiens2.tasks.pose import pose_crops
+from sapiens2.tasks.pose.pose_codec import decode_heatmaps
 
 SMALL = (128, 96)  # network input for the tiny models (pointmap keeps 1024x768: its scale branch)
 H, W = 50, 70

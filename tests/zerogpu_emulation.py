@@ -625,13 +625,13 @@ CLIP_WORK = [
     ("sapiens2.video.frame_handlers:PoseFrames", "consume", "render"),
     ("sapiens2.video.frame_handlers:DenseFrames", "consume", "render"),
     ("sapiens2.video.frame_handlers:DepthFrames", "deferred", "render"),
-    ("sapiens2.tasks.pose:PosePipeline", "prepare", "prepare"),
-    ("sapiens2.tasks.pointmap:PointmapPipeline", "prepare", "prepare"),
-    ("sapiens2.tasks.pose:PosePipeline", "finish", "finish"),
-    ("sapiens2.tasks.pointmap:PointmapPipeline", "finish", "finish"),
-    ("sapiens2.tasks.pose:PosePipeline", "infer", "forward"),
-    ("sapiens2.tasks.pointmap:PointmapPipeline", "infer", "forward"),
-    ("sapiens2.tasks.pose:PosePipeline", "detect", "detect"),
+    ("sapiens2.tasks.pose.pose_pipeline:PosePipeline", "prepare", "prepare"),
+    ("sapiens2.tasks.pointmap.pointmap_pipeline:PointmapPipeline", "prepare", "prepare"),
+    ("sapiens2.tasks.pose.pose_pipeline:PosePipeline", "finish", "finish"),
+    ("sapiens2.tasks.pointmap.pointmap_pipeline:PointmapPipeline", "finish", "finish"),
+    ("sapiens2.tasks.pose.pose_pipeline:PosePipeline", "infer", "forward"),
+    ("sapiens2.tasks.pointmap.pointmap_pipeline:PointmapPipeline", "infer", "forward"),
+    ("sapiens2.tasks.pose.pose_pipeline:PosePipeline", "detect", "detect"),
 ]
 
 

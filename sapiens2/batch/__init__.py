@@ -21,11 +21,10 @@ from __future__ import annotations
 from .batch_run import run
 from .job import BatchJob, ModelPlan, TaskPlan, task_plan
 from .parts import Summary
-from .records import RECORDS, column_arrays, read_array, read_png
+from .records import column_arrays, read_array, read_png
 from .store import read_task
 
 __all__ = [
-    "RECORDS",
     "BatchJob",
     "ModelPlan",
     "Summary",

@@ -16,7 +16,7 @@ from ..errors import CheckpointError, OptionError
 from ..inputs.intake import DEFAULT_MAX_SIDE
 from ..inputs.network import check_input_hw
 from ..tasks.registry import Task
-from .records import RECORDS, record_for
+from . import records
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -92,7 +92,7 @@ class BatchJob:
     def part_rows(self) -> int:
         if self.rows_per_part is not None:
             return self.rows_per_part
-        return min(record_for(t).rows_per_part for t in self.tasks)
+        return min(records.rows_per_part(t) for t in self.tasks)
 
     def forward_device(self) -> str:
         return self.device or ("cuda" if self.gpu else "cpu")
@@ -139,8 +139,8 @@ def task_plan(
     device) checked as any request is; ``checkpoints`` by task name
     (:class:`~sapiens2.models.checkpoints.Checkpoints`) for the task and what it borrows.
     OptionError / CheckpointError on anything unusable."""
-    if task.name not in RECORDS:
-        raise OptionError(f"{task.name} has no batch record; batch runs: {', '.join(RECORDS)}.")
+    if task.record is None:
+        raise OptionError(f"{task.name} has no batch record; batch runs: {', '.join(records.batch_tasks())}.")
     infer = task.resolve(values or {}, gpu=gpu, where=where)
     ckpts = dict(checkpoints or {})
     model = model_plan(task, size, ckpts.get(task.name), gpu)

@@ -1,9 +1,10 @@
-"""The rows of ``sapiens2 batch``: one declared Arrow schema per task, and the function that makes a
-task's row from its result (today's ``TaskResult`` objects).
+"""The rows of ``sapiens2 batch`` in Arrow: each task declares its columns and how its result fills
+them (``Task.record``, :class:`sapiens2.tasks.result_record.Record`); this module turns the
+declared kinds into an Arrow schema and encodes the values (PNG, ``.npy`` bytes, tensors).
 
 Every row has ``source`` (the input's path or URI), ``error`` (null when it worked), ``width`` and
 ``height`` (the pixels the results are in) and ``notices``; then the task's own columns, kept
-compact:
+compact (as the built-in tasks declare them):
 
 * pose: ``keypoints`` (people x 308 x 2, x then y in photo pixels), ``scores`` (people x 308),
   ``boxes`` (people x 4, x1 y1 x2 y2), ``box_scores``, ``detection`` (how people were found),
@@ -20,7 +21,7 @@ step (one rename, or one object put), rows and arrays together, so a crash never
 without their arrays or files without rows; a bucket holds one object per part instead of one
 per photo and array; Parquet is columnar, so a reader of ``source``, ``error`` or the pose columns
 never reads the arrays. Sizes are in docs/SCALE.md. Parts of tasks with large rows hold fewer
-rows (:attr:`Record.rows_per_part`) and their row groups are cut by bytes (``store``).
+rows (:func:`rows_per_part`) and their row groups are cut by bytes (``store``).
 
 Read a task's rows with ``pyarrow.dataset.dataset("OUT/<task>")``; :func:`column_arrays` turns a
 nested list column into numpy arrays, :func:`read_array` and :func:`read_png` decode a cell.
@@ -29,17 +30,18 @@ nested list column into numpy arrays, :func:`read_array` and :func:`read_png` de
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import cv2
 import numpy as np
 import pyarrow as pa
 
-from ..data.metadata import NUM_KEYPOINTS
+from ..errors import OptionError
 from ..outputs.png import png_chunks
+from ..tasks import registry
 from ..tasks.registry import Task
+from ..tasks.result_record import Column, Record
 
 #: The columns of every task's rows, first.
 COMMON: tuple[pa.Field, ...] = (
@@ -60,24 +62,6 @@ def _tensor(*shape: int, dtype: pa.DataType | None = None) -> pa.DataType:
     for n in reversed(shape):
         inner = pa.list_(inner, n)
     return pa.list_(inner)
-
-
-@dataclass(frozen=True)
-class Record:
-    """A task's row: its own columns (after :data:`COMMON`) and the maker from a result."""
-
-    fields: tuple[pa.Field, ...]
-    #: result -> {column: value} for the task's own columns (numpy arrays, bytes, numbers)
-    make: Callable[[Any], dict[str, Any]]
-    rows_per_part: int = COMPACT_ROWS
-
-    def schema(self, task: str, metadata: Mapping[str, str] | None = None) -> pa.Schema:
-        return pa.schema([*COMMON, *self.fields], metadata={"sapiens2.task": task, **(metadata or {})})
-
-    @property
-    def png_columns(self) -> tuple[str, ...]:
-        """Binary columns already compressed (PNG): Parquet stores them as they are."""
-        return tuple(f.name for f in self.fields if f.name.endswith("_png"))
 
 
 # ----------------------------------------------------------------------------- encoders
@@ -142,101 +126,74 @@ def column_arrays(column: pa.ChunkedArray | pa.Array) -> list[np.ndarray | None]
     return [flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(column))]
 
 
-# ----------------------------------------------------------------------------- per task
-
-
-def _pose(result: Any) -> dict[str, Any]:
-    return {
-        "keypoints": result.keypoints,
-        "scores": result.scores,
-        "boxes": result.boxes,
-        "box_scores": result.box_scores,
-        "detection": result.detection_source,
-        "keypoint_set": getattr(result, "keypoint_set", "goliath308"),  # a v1 17/133 model's, lifted
-    }
-
-
-def _mask(mask: np.ndarray | None) -> bytes | None:
-    return None if mask is None else png_bytes(mask)
-
-
-def _seg(result: Any) -> dict[str, Any]:
-    return {"labels_png": png_bytes(result.labels)}
-
-
-def _normal(result: Any) -> dict[str, Any]:
-    return {"normals": npy_bytes(result.normals), "mask_png": _mask(result.mask)}
-
-
-def _pointmap(result: Any) -> dict[str, Any]:
-    return {
-        "pointmap": npy_bytes(result.pointmap),
-        "mask_png": _mask(result.mask),
-        "scale": result.scale,
-        "focal_px": result.focal_px,
-        "focal_px_input": result.focal_px_input,
-    }
-
-
-def _depth(result: Any) -> dict[str, Any]:
-    return {"depth": npy_bytes(result.depth, np.float32), "mask_png": _mask(result.mask)}
-
-
-def _matting(result: Any) -> dict[str, Any]:
-    return {"alpha": npy_bytes(result.alpha), "foreground": npy_bytes(result.foreground)}
-
-
-def _albedo(result: Any) -> dict[str, Any]:
-    return {"albedo": npy_bytes(result.albedo), "mask_png": _mask(result.mask)}
-
-
-def _features(result: Any) -> dict[str, Any]:
-    return {"embedding": np.asarray(result.embedding, np.float32)}
+# ----------------------------------------------------------------------------- a task's record
 
 
 _ARRAY = pa.large_binary()  # one photo's array can pass 2 GB only at ~300 MP; large_ is free
-
-#: The record of every task, by its name (round 2 may move these onto the task declarations).
-RECORDS: dict[str, Record] = {
-    "pose": Record(
-        (
-            pa.field("keypoints", _tensor(NUM_KEYPOINTS, 2)),
-            pa.field("scores", _tensor(NUM_KEYPOINTS)),
-            pa.field("boxes", _tensor(4)),
-            pa.field("box_scores", pa.list_(pa.float32())),
-            pa.field("detection", pa.string()),
-            pa.field("keypoint_set", pa.string()),
-        ),
-        _pose,
-    ),
-    "seg": Record((pa.field("labels_png", pa.binary()),), _seg),
-    "normal": Record((pa.field("normals", _ARRAY), pa.field("mask_png", pa.binary())), _normal, DENSE_ROWS),
-    "pointmap": Record(
-        (
-            pa.field("pointmap", _ARRAY),
-            pa.field("mask_png", pa.binary()),
-            pa.field("scale", pa.float32()),
-            pa.field("focal_px", pa.float32()),
-            pa.field("focal_px_input", pa.float32()),
-        ),
-        _pointmap,
-        DENSE_ROWS,
-    ),
-    "depth": Record((pa.field("depth", _ARRAY), pa.field("mask_png", pa.binary())), _depth, DENSE_ROWS),
-    "matting": Record((pa.field("alpha", _ARRAY), pa.field("foreground", _ARRAY)), _matting, DENSE_ROWS),
-    "albedo": Record((pa.field("albedo", _ARRAY), pa.field("mask_png", pa.binary())), _albedo, DENSE_ROWS),
-    "features": Record((pa.field("embedding", pa.list_(pa.float32())),), _features),
+_TYPES: dict[str, pa.DataType] = {
+    "npy": _ARRAY,
+    "png": pa.binary(),
+    "float": pa.float32(),
+    "string": pa.string(),
 }
 
 
+def arrow_type(column: Column) -> pa.DataType:
+    """The Arrow type a record column of this kind is kept in."""
+    return _tensor(*column.shape) if column.kind == "tensor" else _TYPES[column.kind]
+
+
 def record_for(task: Task) -> Record:
-    """The record of ``task``; KeyError names the tasks that have one."""
-    try:
-        return RECORDS[task.name]
-    except KeyError:
-        raise KeyError(
-            f"No batch record for {task.name!r}; records exist for: {', '.join(RECORDS)}."
-        ) from None
+    """The record ``task`` declares (``Task.record``); KeyError names the tasks that have one."""
+    if task.record is None:
+        raise KeyError(f"No batch record for {task.name!r}; records exist for: {', '.join(batch_tasks())}.")
+    return task.record
+
+
+def batch_tasks() -> list[str]:
+    """The declared tasks that have a batch record, by name."""
+    return [name for name, task in registry.declared().items() if task.record is not None]
+
+
+def schema(task: Task, metadata: Mapping[str, str] | None = None) -> pa.Schema:
+    """The task's table: the common columns, then its record's."""
+    own = [pa.field(c.name, arrow_type(c)) for c in record_for(task).columns]
+    clash = {f.name for f in own} & {f.name for f in COMMON}
+    if clash:
+        raise OptionError(f"{task.name}'s record repeats a common column: {', '.join(sorted(clash))}.")
+    return pa.schema([*COMMON, *own], metadata={"sapiens2.task": task.name, **(metadata or {})})
+
+
+def rows_per_part(task: Task) -> int:
+    """Rows per committed part: fewer for a record of photo-size arrays."""
+    return DENSE_ROWS if record_for(task).dense else COMPACT_ROWS
+
+
+def png_columns(task: Task) -> tuple[str, ...]:
+    """Binary columns already compressed (PNG): Parquet stores them as they are."""
+    return tuple(c.name for c in record_for(task).columns if c.kind == "png")
+
+
+def _encoded(column: Column, value: Any) -> Any:
+    if value is None:
+        return None
+    if column.kind == "png":
+        return png_bytes(value)
+    if column.kind == "npy":
+        return npy_bytes(value, column.dtype)
+    return value
+
+
+def record_row(task: Task, result: Any) -> dict[str, Any]:
+    """The task's own columns of a result's row, encoded for Arrow (``Record.row``, then each
+    column by its kind); a key the record does not declare is an error naming it."""
+    record = record_for(task)
+    values = record.row(result)
+    columns = {c.name: c for c in record.columns}
+    unknown = sorted(set(values) - set(columns))
+    if unknown:
+        raise OptionError(f"{task.name}'s record row gives undeclared columns: {', '.join(unknown)}.")
+    return {name: _encoded(columns[name], values.get(name)) for name in columns}
 
 
 # ----------------------------------------------------------------------------- rows -> table
@@ -276,16 +233,16 @@ def rows_table(
 ) -> pa.Table:
     """The table of ``rows`` (dicts holding the common and the task's columns; missing = null)
     in the task's declared schema."""
-    schema = record_for(task).schema(task.name, metadata)
-    columns = [_column(f, [row.get(f.name) for row in rows]) for f in schema]
-    return pa.Table.from_arrays(columns, schema=schema)
+    schema_ = schema(task, metadata)
+    columns = [_column(f, [row.get(f.name) for row in rows]) for f in schema_]
+    return pa.Table.from_arrays(columns, schema=schema_)
 
 
 def result_row(task: Task, source: str, result: Any) -> dict[str, Any]:
     """The row of a finished result: the common columns and the task's record."""
     h, w = result.image.shape[:2]
     row = {"source": source, "error": None, "width": w, "height": h, "notices": list(result.notices)}
-    row.update(record_for(task).make(result))
+    row.update(record_row(task, result))
     return row
 
 
@@ -295,15 +252,19 @@ def error_row(source: str, error: str) -> dict[str, Any]:
 
 __all__ = [
     "COMMON",
-    "RECORDS",
-    "Record",
+    "arrow_type",
+    "batch_tasks",
     "column_arrays",
     "error_row",
     "npy_bytes",
     "png_bytes",
     "read_array",
     "read_png",
+    "png_columns",
     "record_for",
+    "record_row",
     "result_row",
+    "rows_per_part",
     "rows_table",
+    "schema",
 ]

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from ..errors import OptionError
 from ..tasks.registry import Task
 from . import sources
-from .records import record_for
+from .records import png_columns
 
 TEMP_PREFIX, PART_PREFIX, SUFFIX = ".tmp-", "part-", ".parquet"
 JOB_FILE = "_sapiens2.json"
@@ -164,7 +164,7 @@ class Store:
         temp = f"{folder}/{TEMP_PREFIX}{self.run_id}-{uuid.uuid4().hex}{SUFFIX}"
         rows_per_group = max(1, int(len(table) * ROW_GROUP_BYTES / max(1, table.nbytes)))
         compression = {name: "zstd" for name in table.column_names}
-        compression.update({name: "none" for name in record_for(task).png_columns})  # PNG: compressed
+        compression.update({name: "none" for name in png_columns(task)})  # PNG: compressed
         pq.write_table(
             table, temp, filesystem=self.fs, compression=compression, row_group_size=rows_per_group
         )

@@ -62,9 +62,9 @@ def _pipelines(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
     from ..models.checkpoints import Checkpoints
-    from ..tasks.pointmap import PointmapPipeline
-    from ..tasks.pose import PosePipeline
-    from ..tasks.seg import SegPipeline
+    from ..tasks.pointmap.pointmap_pipeline import PointmapPipeline
+    from ..tasks.pose.pose_pipeline import PosePipeline
+    from ..tasks.seg.seg_pipeline import SegPipeline
 
     ckpt = Checkpoints.parse(args.checkpoint, [PosePipeline.task, PointmapPipeline.task, SegPipeline.task])
     dtype = getattr(torch, args.dtype) if args.dtype else None

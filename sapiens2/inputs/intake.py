@@ -12,7 +12,7 @@ every result is in its pixels, a notice says so and ``Intake.source_size`` keeps
 own size (a point ``x`` there is ``(x + 0.5) * Intake.reduction - 0.5`` in the file's pixels).
 
 The network input made from an intake is in :mod:`sapiens2.inputs.network`; person crops for
-pose in :mod:`sapiens2.ops.pose_crops`.
+pose in :mod:`sapiens2.tasks.pose.pose_crops`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 * Back to the photo: :func:`crop_padding` (the letterbox padding off an output at any
   resolution) and :func:`resize_to`, or :func:`resize_hwc` for channel-last arrays on the CPU.
 
-Person crops for top-down pose live in ``sapiens2.ops.pose_crops``.
+Person crops for top-down pose live in ``sapiens2.tasks.pose.pose_crops``.
 """
 
 from __future__ import annotations

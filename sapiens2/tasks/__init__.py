@@ -1,8 +1,9 @@
 """One pipeline per task; :func:`pipeline` builds one by task name.
 
-Each task lives in its own module (``pose.py``, ``seg.py`` ...) whose ``TASK`` declaration names
-its pipeline (``sapiens2.tasks.registry``); the modules are imported on the first lookup, so that
-``import sapiens2.tasks`` stays cheap.
+Each task lives in its own folder (``pose/``, ``seg/`` ...) whose ``TASK`` declaration names its
+pipeline (``sapiens2.tasks.registry``); the modules at this package's root are the machinery the
+tasks share. The task folders are imported on the first lookup, so that ``import sapiens2.tasks``
+stays cheap.
 """
 
 from __future__ import annotations

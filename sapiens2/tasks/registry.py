@@ -5,8 +5,8 @@ row (sizes, checkpoints), its pipeline class, its options (name, type, default, 
 stage), the extra views its result fills besides the before/after picture, its downloads, the
 other tasks' models it borrows, and the shape of its device work. The server, the app's tabs and
 endpoints, "All tasks", the CLI flags and the API docs are all generated from these declarations;
-adding a task is one new module in this package that ends with a ``TASK = Task(...)`` (found by
-:func:`builtin_modules`; tab order is the zoo's row order), or a :func:`register` call.
+adding a task is one new folder ``tasks/<name>/`` whose ``__init__`` exposes ``TASK = Task(...)``
+(found by :func:`builtin_modules`; tab order is the zoo's row order), or a :func:`register` call.
 
 A task is looked up by its name once, where a request comes in (:func:`get`: the page, the API,
 the command line, ``sapiens2.pipeline``); below that the :class:`Task` object itself is passed.
@@ -31,10 +31,7 @@ from ..models.weights import local_root
 from ..models.zoo import TASKS as ZOO
 from ..models.zoo import TaskSpec
 from . import options as opts
-
-#: Modules of this package known to hold machinery, not a task (not even imported by the scan; any
-#: other module without a ``TASK`` is skipped too).
-_NOT_TASKS = frozenset({"base", "dense", "options", "pose_3d", "pose_result", "registry", "seg_borrow"})
+from .result_record import Record
 
 
 @dataclass(frozen=True)
@@ -165,6 +162,9 @@ class Task:
     #: files made after the run, on request (see :class:`OnDemand`)
     on_demand: tuple[OnDemand, ...] = ()
     video: Video | None = None  # None: photos only
+    #: its row in a ``sapiens2 batch`` table (:class:`~sapiens2.tasks.result_record.Record`); None:
+    #: not run in batches
+    record: Record | None = None
     #: download lists besides the main one, in order (a file goes to the first that takes it)
     file_groups: tuple[FileGroup, ...] = ()
     #: extra command-line spellings of options (option name -> flags), and pipeline switches
@@ -240,9 +240,10 @@ def local_checkpoint_found(spec: TaskSpec, checkpoints: Mapping[str, Path] = Che
 
 
 def builtin_modules() -> list[str]:
-    """The task modules of this package (every module but the machinery ones), by name."""
+    """The task packages of ``sapiens2.tasks`` (``tasks/<name>/``), by name: its subpackages. The
+    modules at its root are the shared machinery; a subpackage without a ``TASK`` is skipped."""
     package = importlib.import_module(__package__)
-    return [m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in _NOT_TASKS]
+    return [m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg]
 
 
 _lock = threading.Lock()

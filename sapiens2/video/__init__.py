@@ -2,7 +2,7 @@
 
 Modules, each usable alone: ``reader`` (checked decoding, limits), ``writer`` (VP8/WebM),
 ``tracking`` (IoU tracker, stable person ids), ``smoothing`` (One-Euro filter), ``depth``
-(clip-wide depth colour bounds), ``depth_align`` (depth held still over time), ``motion``
+(clip-wide depth colour bounds), ``clip_depth_align`` (depth held still over time), ``motion``
 (pose + pointmap -> 3D motion), ``exports`` (pose tracks JSON, NPZ under a cap), ``handlers``
 (per-task frame handling) and ``runner`` (:func:`run_video`). No UI code here.
 
@@ -27,13 +27,13 @@ _LAZY = {
     "TrackingOptions": ".people",
     "PoseTracking": ".people",
     "DepthScale": ".depth",
-    "VideoPlan": ".runner",
-    "VideoResult": ".runner",
-    "plan_video": ".runner",
-    "run_video": ".runner",
-    "DepthAligner": ".depth_align",
-    "MotionOptions": ".motion",
-    "run_motion": ".motion",
+    "VideoPlan": ".clip_runner",
+    "VideoResult": ".clip_runner",
+    "plan_video": ".clip_runner",
+    "run_video": ".clip_runner",
+    "DepthAligner": ".clip_depth_align",
+    "MotionOptions": ".clip_motion",
+    "run_motion": ".clip_motion",
 }
 
 __all__ = list(_LAZY)

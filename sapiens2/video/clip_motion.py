@@ -8,8 +8,8 @@ Two passes over the same frames (same stride, limits and cut), each the ordinary
    track ids, boxes, keypoints (as the model found them) and scores;
 2. **pointmap** (with its segmentation: the people's mask) through :class:`MotionDepth`, the
    depth handler plus the lifting: every frame's depth is aligned to the clip
-   (:mod:`sapiens2.video.depth_align`) and each person's keypoints of that frame are read from the
-   pointmap on their own mask (:func:`sapiens2.ops.pose_lift.lift_keypoints`). It writes
+   (:mod:`sapiens2.video.clip_depth_align`) and each person's keypoints of that frame are read from the
+   pointmap on their own mask (:func:`sapiens2.tasks.pose.pose_lift.lift_keypoints`). It writes
    ``<name>_lifted.npz`` (raw 3D points) next to its files, which the next step reads and removes.
 
 Then, on the CPU (:func:`finish_motion`): the depth factors applied, points scoring below the
@@ -17,7 +17,7 @@ keypoint threshold dropped, gaps of at most ``max_gap`` processed frames inside 
 by linear interpolation in time and marked (``bridged``), and each track smoothed in 3D by the
 One-Euro filter (:mod:`sapiens2.video.smoothing`, here in metres: ``beta`` per m/s). Files:
 ``<name>_motion.glb``, ``<name>_keypoints3d.npz``, ``<name>_keypoints3d.csv`` and
-``<name>_motion.bvh`` (:mod:`sapiens2.outputs.motion_files`, :mod:`sapiens2.outputs.bvh`).
+``<name>_motion.bvh`` (:mod:`sapiens2.tasks.pose.motion_files`, :mod:`sapiens2.tasks.pose.bvh`).
 
 In a server both passes share one device call (``sapiens2.serving.motion_requests``: one ZeroGPU
 admission; the server decodes, renders and encodes, the call runs only the forwards and the
@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
-from ..ops.pose_lift import MIN_SAMPLES, WINDOW, lift_keypoints
 from ..outputs.export import file_stem, safe_path
-from ..tasks.pointmap import TASK as POINTMAP
-from ..tasks.pose import TASK as POSE
+from ..tasks.pointmap.pointmap_pipeline import TASK as POINTMAP
+from ..tasks.pose.pose_lift import MIN_SAMPLES, WINDOW, lift_keypoints
+from ..tasks.pose.pose_pipeline import TASK as POSE
 from .clip_runner import VideoResult, iter_video
 from .exports import RAW_CAP_BYTES, save_npz
 from .frame_handlers import DepthFrames, TrackingOptions, people_mask
@@ -208,7 +208,7 @@ def write_motion_files(
     motion: Motion, out_dir: Path, name: str, fps: float, options: MotionOptions
 ) -> list[Path]:
     """The motion's downloads: GLB, NPZ, CSV and (``options.bvh``) BVH."""
-    from ..outputs.motion_files import write_keypoints_csv, write_keypoints_npz, write_motion_glb
+    from ..tasks.pose.motion_files import write_keypoints_csv, write_keypoints_npz, write_motion_glb
 
     m = motion
     files = [
@@ -224,7 +224,7 @@ def write_motion_files(
         ),
     ]  # fmt: skip
     if options.bvh:
-        from ..outputs.bvh import write_bvh
+        from ..tasks.pose.bvh import write_bvh
 
         files.append(write_bvh(safe_path(out_dir, name, "_motion.bvh"), m.points, m.present, m.ids, fps))
     return files

@@ -9,10 +9,10 @@ Pose (one file per format, every frame in it; writers from :mod:`sapiens2.output
   index, ``frame_id``/``time_s``), annotations carrying ``track_id`` (as PoseTrack does);
 * ``<name>_coco_wholebody.json``: COCO-WholeBody results (133 points), one entry per person and
   frame, ``image_id`` = frame index, with ``track_id`` and ``time_s``
-  (:mod:`sapiens2.outputs.keypoint_formats`);
+  (:mod:`sapiens2.tasks.pose.keypoint_formats`);
 * ``<name>_openpose_body25.zip``: OpenPose's own layout, one ``<name>_<frame:012d>_keypoints.json``
   per frame, ``person_id`` = [track id], with hands (21 + 21) and face (70);
-* ``<name>_openpose_coco18.zip``: the same with COCO-18 bodies (:mod:`sapiens2.outputs.openpose`);
+* ``<name>_openpose_coco18.zip``: the same with COCO-18 bodies (:mod:`sapiens2.tasks.pose.openpose`);
 * ``<name>_keypoints.csv``: one row per frame, person and 308 keypoint (image, frame, time_s,
   person = track id, keypoint_id, name, x, y, score);
 * ``<name>_openpose.webm``: the ControlNet OpenPose conditioning picture of every processed frame
@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from ..outputs import keypoint_formats as kf
-from ..outputs.export import coco17_json, jsonable, openpose_body25_json, pose_json, safe_path
-from ..outputs.openpose import draw_openpose, openpose_coco18_json
+from ..outputs.export import jsonable, safe_path
+from ..tasks.pose import keypoint_formats as kf
+from ..tasks.pose.openpose import draw_openpose, openpose_coco18_json
+from ..tasks.pose.pose_files import coco17_json, openpose_body25_json, pose_json
 
 RAW_CAP_BYTES = 256 * 1024 * 1024
 

@@ -24,8 +24,8 @@ from ..errors import OptionError
 from ..outputs.export import safe_path
 from ..tasks import registry
 from ..tasks.registry import Task
+from .clip_depth_align import DepthAligner
 from .depth import foreground_depth, global_depth_bounds, render_depth_frame
-from .depth_align import DepthAligner
 from .exports import (
     PoseFrame,
     RawArrays,
@@ -169,7 +169,7 @@ class DenseFrames(FrameHandler):
 class DepthFrames(DenseFrames):
     """The clip-wide depth hook (``handler="depth"``): each result's ``depth`` and ``mask`` kept,
     every frame rendered at the end with the clip's 1st/99th percentiles. Every frame's depth is
-    first aligned to the clip (:class:`sapiens2.video.depth_align.DepthAligner`: one factor per
+    first aligned to the clip (:class:`sapiens2.video.clip_depth_align.DepthAligner`: one factor per
     frame against a running reference on still pixels), so the model's per-frame scale jitter
     does not make a still scene breathe; the video and the NPZ hold the aligned depth."""
 

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 
 from ..errors import OptionError
-from ..outputs.render import draw_pose, pose_style
+from ..tasks.pose.pose_render import draw_pose, pose_style
 from .smoothing import KeypointSmoother
 from .tracking import IoUTracker
 

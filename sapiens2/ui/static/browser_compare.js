@@ -169,7 +169,7 @@
     return { vector, seconds };
   }
 
-  // the server's cosine_similarity (tasks/features.py): float64, clipped to [-1, 1]
+  // the server's cosine_similarity (tasks/features/features_pipeline.py): float64, clipped to [-1, 1]
   function cosine(a, b) {
     if (a.length !== b.length) throw new Error("The embeddings differ in length.");
     let ab = 0;

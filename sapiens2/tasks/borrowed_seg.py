@@ -24,8 +24,8 @@ from ..models.zoo import get_task
 from .base import Pipeline
 from .dense import DensePrep
 from .registry import Task
-from .seg import TASK as SEG
-from .seg import SegPipeline
+from .seg.seg_pipeline import TASK as SEG
+from .seg.seg_pipeline import SegPipeline
 
 log = logging.getLogger(__name__)
 

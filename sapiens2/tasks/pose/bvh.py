@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .mesh import OPENCV_TO_GLTF
+from ...outputs.mesh import OPENCV_TO_GLTF
+from ...outputs.writers import NOW, Writer
+from ...outputs.writers import prepare as _prepare
 from .motion_files import filled_joints
 from .skeleton3d import joint_positions, joint_tree
-from .writers import NOW, Writer
-from .writers import prepare as _prepare
 
 CM = 100.0
 #: (joint, parent, rest direction from the parent) of the body skeleton, parents first

@@ -15,19 +15,20 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError
-from ..inputs.intake import Intake
-from ..inputs.network import crop_padding, resize_hwc
-from ..models.zoo import get_task
-from ..ops.maps import unit_normalise
-from ..outputs.writers import NOW, Writer
-from .base import TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .options import Option
-from .registry import Task, Video
-from .seg import TASK as SEG
-from .seg import SegLogits
-from .seg_borrow import SegMaskedPipeline, seg_borrowing
+from ...errors import OptionError
+from ...inputs.intake import Intake
+from ...inputs.network import crop_padding, resize_hwc
+from ...models.zoo import get_task
+from ...ops.maps import unit_normalise
+from ...outputs.writers import NOW, Writer
+from ..base import TaskResult
+from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
+from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from ..options import Option
+from ..registry import Task, Video
+from ..result_record import Column, Record
+from ..seg.seg_pipeline import TASK as SEG
+from ..seg.seg_pipeline import SegLogits
 
 
 @dataclass(kw_only=True)
@@ -40,7 +41,7 @@ class NormalResult(TaskResult):
     def render(self, *, background: str = "black") -> np.ndarray:
         """RGB = (n + 1) / 2 * 255 (x->R, y->G, z->B); ``background`` ("black" or "photo") shows
         outside the mask (everywhere the normal is valid when there is no mask)."""
-        from ..outputs.render import normals_to_rgb
+        from .normal_render import normals_to_rgb
 
         if background not in ("black", "photo"):
             raise OptionError(f"background must be 'black' or 'photo'; got {background!r}.")
@@ -54,8 +55,8 @@ class NormalResult(TaskResult):
         mask, ``<name>_normal_mask.png``; returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
-        from ..outputs.export import safe_path, write_npy, write_png
-        from ..outputs.render import finite_f32
+        from ...outputs.export import safe_path, write_npy, write_png
+        from ...outputs.render import finite_f32
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
@@ -136,6 +137,13 @@ class NormalPipeline(SegMaskedPipeline):
 _needs, _work = seg_borrowing("remove_background", default=False)
 
 
+#: A batch row: the photo-size normals (float16 .npy) and the person mask (PNG).
+RECORD = Record(
+    (Column("normals", "npy", "unit normal per pixel"), Column("mask_png", "png", "the person mask")),
+    lambda result: {"normals": result.normals, "mask_png": result.mask},
+)
+
+
 TASK = Task(
     spec=get_task("normal"),
     pipeline=NormalPipeline,
@@ -168,4 +176,5 @@ TASK = Task(
     borrows=(SEG,),
     needs=_needs,
     video=Video(raw_fields={"normals": np.float16, "mask": None}),
+    record=RECORD,
 )

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime.cpus import available_cpus, cpu_pool
-from ..runtime.threads import openmp_function
+from ...runtime.cpus import available_cpus, cpu_pool
+from ...runtime.threads import openmp_function
 
 # finite stand-ins for non-finite logits: a NaN class must never win the argmax
 _NEG_FILL, _POS_FILL = -1e30, 1e30

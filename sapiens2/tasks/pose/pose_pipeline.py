@@ -5,7 +5,7 @@ smaller than the working copy); ``infer`` (the device) finds people where no box
 crops each (centre, size x1.25, widened to 3:4, UDP affine to 768x1024), runs ONE forward for the
 crops of every photo (and their mirrors with ``flip_test``) and decodes the heatmaps there (argmax
 + DARK-UDP), so only (P, 308) arrays come back; ``finish`` (CPU) maps them to the photo's pixels.
-With ``keypoints_3d`` the pointmap is borrowed at each stage (:mod:`sapiens2.tasks.pose_3d`).
+With ``keypoints_3d`` the pointmap is borrowed at each stage (:mod:`sapiens2.tasks.pose.pose_3d`).
 docs/FIDELITY_POSE.md compares each step with the release.
 """
 
@@ -20,22 +20,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..data.keypoint_sets import keypoint_set
-from ..errors import OptionError
-from ..inputs.intake import ImageSource, Intake
-from ..models.cost import Work
-from ..models.zoo import get_task
-from ..ops.pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
-from ..ops.pose_crops import apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
+from ...data.keypoint_sets import keypoint_set
+from ...data.metadata import NUM_KEYPOINTS
+from ...errors import OptionError
+from ...inputs.intake import ImageSource, Intake
+from ...models.cost import Work
+from ...models.zoo import get_task
+from ..base import Pipeline, RunInfo
+from ..options import Option
+from ..registry import Switch, Task, Video, View
+from ..result_record import Column, Record
 from . import pose_3d
-from .base import Pipeline, RunInfo
-from .options import Option
+from .pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
+from .pose_crops import apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
 from .pose_result import KEYPOINT_FORMATS, PoseResult
 from .pose_stages import PosePrep, PoseRaw, notices_once, people_spans, pose_raw, with_set
-from .registry import Switch, Task, Video, View
 
 if TYPE_CHECKING:
-    from ..models.detector import Detections, DetectorInput
+    from ...models.detector import Detections, DetectorInput
 
 __all__ = ["PosePipeline", "PosePrep", "PoseRaw", "PoseResult", "decode_heatmaps", "flip_back", "merge_flip"]
 
@@ -114,7 +116,7 @@ class PosePipeline(Pipeline):
     def _prepare_pose(
         self, intake: Intake, boxes: Any, flip_test: bool | None, hw: tuple[int, int]
     ) -> PosePrep:
-        from ..models.detector import detect_people
+        from ...models.detector import detect_people
 
         self._flip_test(flip_test)
         work = intake.work
@@ -134,7 +136,7 @@ class PosePipeline(Pipeline):
         (:meth:`prepare` knows the people, or a callable detector needs the photo in :meth:`infer`).
         With it, a batch finds the people in a device step of its own (:meth:`find_people`) and
         prepares the crops after it, so the photo never goes to a device step."""
-        from ..models.detector import PersonDetector, detector_input
+        from ...models.detector import PersonDetector, detector_input
 
         if boxes is not None or not self.people_apart():
             return None
@@ -145,14 +147,14 @@ class PosePipeline(Pipeline):
     def people_apart(self) -> bool:
         """The people come from a DETR (``"auto"``, a checkpoint path, a PersonDetector), which
         :meth:`find_people` can run on its inputs alone; not for no detector or a callable."""
-        from ..models.detector import PersonDetector
+        from ...models.detector import PersonDetector
 
         return isinstance(self.detector, (str, os.PathLike, PersonDetector))
 
     def warm_people(self) -> None:
         """Load the detector :meth:`find_people` runs, now: a missing or broken DETR checkpoint
         path raises here, before any photo (``"auto"`` without weights: the whole photo, later)."""
-        from ..models.detector import load_detector
+        from ...models.detector import load_detector
 
         if self.people_apart():
             load_detector(self.detector, self.device)
@@ -180,7 +182,7 @@ class PosePipeline(Pipeline):
         ``flip_test``) in as few forwards as the device's memory allows (one unless the batch is
         crowded: :meth:`_all_keypoints`), decoded on the device; keypoints in working-copy px.
         ``input_hw``: the crop size ``prepare`` was given."""
-        from ..models.detector import check_options
+        from ...models.detector import check_options
 
         flip = self._flip_test(flip_test)
         check_options(score_threshold, max_people=max_people)  # also where prepare found the people
@@ -257,7 +259,7 @@ class PosePipeline(Pipeline):
         self, rgb: np.ndarray | DetectorInput, *, score_threshold: float = 0.3, max_people: int = 20
     ) -> Detections:
         """The people in ``rgb`` as this pipeline finds them (its ``detector``), in its pixels."""
-        from ..models.detector import detect_people
+        from ...models.detector import detect_people
 
         return detect_people(rgb, detector=self.detector, score_threshold=score_threshold,
                              max_people=max_people, device=self.device)  # fmt: skip
@@ -266,7 +268,7 @@ class PosePipeline(Pipeline):
         self, x: torch.Tensor, info: RunInfo, flip: bool, hw: tuple[int, int]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One forward of the N crops (and their mirrors with ``flip_test``), decoded on the
-        device (:func:`~sapiens2.ops.pose_codec.decode_crops`) into ``hw`` crop pixels."""
+        device (:func:`~sapiens2.tasks.pose.pose_codec.decode_crops`) into ``hw`` crop pixels."""
         heatmaps = self.timed_forward(info, torch.cat([x, x.flip(-1)]) if flip else x).heatmaps
         return decode_crops(heatmaps, flip, hw)
 
@@ -275,7 +277,7 @@ class PosePipeline(Pipeline):
 
 
 def _warm_detector(device: str) -> bool:
-    from ..models.detector import warm_detector
+    from ...models.detector import warm_detector
 
     return warm_detector(device)
 
@@ -308,6 +310,31 @@ OPTIONS = (
 )  # fmt: skip
 
 
+def _row(result: PoseResult) -> dict[str, Any]:
+    return {
+        "keypoints": result.keypoints,
+        "scores": result.scores,
+        "boxes": result.boxes,
+        "box_scores": result.box_scores,
+        "detection": result.detection_source,
+        "keypoint_set": getattr(result, "keypoint_set", "goliath308"),  # a v1 17/133 model's, lifted
+    }
+
+
+#: A batch row: people's points, scores and boxes, how they were found, the keypoint layout.
+RECORD = Record(
+    (
+        Column("keypoints", "tensor", "people x 308 x (x, y), photo pixels", (NUM_KEYPOINTS, 2)),
+        Column("scores", "tensor", "people x 308 keypoint scores", (NUM_KEYPOINTS,)),
+        Column("boxes", "tensor", "people x (x1, y1, x2, y2), photo pixels", (4,)),
+        Column("box_scores", "tensor", "one score per person box"),
+        Column("detection", "string", "how people were found"),
+        Column("keypoint_set", "string", "the model's keypoint set (v1 17/133 points lifted to 308)"),
+    ),
+    _row,
+)
+
+
 TASK = Task(
     spec=get_task("pose"),
     pipeline=PosePipeline,
@@ -332,4 +359,5 @@ TASK = Task(
         render_overrides={"show_boxes": False, "show_ids": True},
         detect=_video_detect,
     ),
+    record=RECORD,
 )

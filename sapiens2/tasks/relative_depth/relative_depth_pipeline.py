@@ -17,17 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from ..inputs.intake import Intake
-from ..inputs.network import crop_padding, resize_hwc
-from ..models.zoo import get_task
-from ..outputs.writers import NOW, Writer
-from .base import TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .options import Option
-from .registry import Task, Video, View
-from .seg import TASK as SEG
-from .seg import SegLogits
-from .seg_borrow import SegMaskedPipeline, seg_borrowing
+from ...inputs.intake import Intake
+from ...inputs.network import crop_padding, resize_hwc
+from ...models.zoo import get_task
+from ...outputs.writers import NOW, Writer
+from ..base import TaskResult
+from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
+from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from ..options import Option
+from ..registry import Task, Video, View
+from ..result_record import Column, Record
+from ..seg.seg_pipeline import TASK as SEG
+from ..seg.seg_pipeline import SegLogits
 
 #: said wherever v1 depth is shown: its values have no unit
 RELATIVE_NOTE = (
@@ -46,7 +47,7 @@ class DepthResult(TaskResult):
     def render(self) -> np.ndarray:
         """Turbo colours of inverse depth on the foreground (1st/99th percentile bounds), grey
         (100) elsewhere: the pointmap tab's convention."""
-        from ..outputs.render import depth_to_turbo
+        from ...outputs.render import depth_to_turbo
 
         return depth_to_turbo(self.depth, self.mask, percentiles=(1.0, 99.0), background=100)
 
@@ -84,7 +85,7 @@ class DepthResult(TaskResult):
         """Writes ``<name>_depth.npy`` (raw, float32), ``<name>_depth16.png`` (:meth:`png16`),
         ``<name>_depth.png`` (the render), ``<name>_depth_mask.png`` and ``<name>_depth.json``
         (what the 16-bit PNG's values mean)."""
-        from ..outputs.export import safe_path, write_json, write_npy, write_png
+        from ...outputs.export import safe_path, write_json, write_npy, write_png
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
@@ -155,6 +156,16 @@ class DepthPipeline(SegMaskedPipeline):
 
 _needs, _work = seg_borrowing("use_segmentation", default=True)
 
+#: A batch row: relative depth (float32 .npy) and the person mask (PNG).
+RECORD = Record(
+    (
+        Column("depth", "npy", "relative depth per pixel", dtype="float32"),
+        Column("mask_png", "png", "the person mask"),
+    ),
+    lambda result: {"depth": result.depth, "mask_png": result.mask},
+)
+
+
 TASK = Task(
     spec=get_task("depth"),
     pipeline=DepthPipeline,
@@ -179,4 +190,5 @@ TASK = Task(
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
     video=Video(handler="depth", raw_fields={"depth": np.float32, "mask": None}),
+    record=RECORD,
 )

@@ -15,16 +15,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InputImageError
-from ..inputs.intake import Intake, load_image
-from ..inputs.network import resize_hwc, stretch_antialiased
-from ..models.zoo import get_task
-from ..outputs.render import CHROMA_GREEN
-from ..outputs.writers import NOW, Writer
-from .base import Pipeline, TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .options import Option
-from .registry import Task, Video
+from ...errors import InputImageError
+from ...inputs.intake import Intake, load_image
+from ...inputs.network import resize_hwc, stretch_antialiased
+from ...models.zoo import get_task
+from ...outputs.writers import NOW, Writer
+from ..base import Pipeline, TaskResult
+from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from ..options import Option
+from ..registry import Task, Video
+from ..result_record import Column, Record
+from .matting_render import CHROMA_GREEN
 
 
 @dataclass(kw_only=True)
@@ -37,13 +38,13 @@ class MattingResult(TaskResult):
     def render(self, *, background: Any = CHROMA_GREEN) -> np.ndarray:
         """The person over ``background``: an (r, g, b) tuple or '#rrggbb' (default chroma green
         (0, 177, 64)), or an image of any size and mode (resized to cover, centre-cropped)."""
-        from ..outputs.render import composite
+        from .matting_render import composite
 
         return composite(self.foreground, self.alpha, background)
 
     def cutout(self) -> np.ndarray:
         """(H, W, 4) uint8 RGBA: the predicted foreground colours (un-premultiplied) and alpha."""
-        from ..outputs.export import rgba_cutout
+        from .matting_render import rgba_cutout
 
         return rgba_cutout(self.foreground, self.alpha)
 
@@ -58,7 +59,7 @@ class MattingResult(TaskResult):
         """Writes ``<name>_cutout.png`` (RGBA), ``<name>_alpha.png`` (grey, alpha x 255) and
         ``<name>_composite.png`` (over ``background``); returns their paths. ``rendered``: a
         composite already made (e.g. with the viewer's background) to write instead."""
-        from ..outputs.export import safe_path, write_png
+        from ...outputs.export import safe_path, write_png
 
         alpha8 = np.clip(self.alpha * 255.0 + 0.5, 0, 255).astype(np.uint8)
         composite = self.render(background=background) if rendered is None else rendered
@@ -131,6 +132,13 @@ def _render_args(render_opts: Mapping[str, Any]) -> dict[str, Any]:
         raise InputImageError(f"Background image: {err}") from None
 
 
+#: A batch row: alpha and the premultiplied foreground, photo-size float16 .npy.
+RECORD = Record(
+    (Column("alpha", "npy", "alpha per pixel"), Column("foreground", "npy", "premultiplied foreground RGB")),
+    lambda result: {"alpha": result.alpha, "foreground": result.foreground},
+)
+
+
 TASK = Task(
     spec=get_task("matting"),
     pipeline=MattingPipeline,
@@ -160,4 +168,5 @@ TASK = Task(
     render_args=_render_args,
     cli_aliases={"background_color": ("--background",)},
     video=Video(raw_fields={"alpha": np.float16}),
+    record=RECORD,
 )

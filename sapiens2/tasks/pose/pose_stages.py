@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..data.keypoint_sets import KeypointSet
-from .base import RunInfo
+from ...data.keypoint_sets import KeypointSet
+from ..base import RunInfo
 
 if TYPE_CHECKING:
-    from ..models.detector import Detections
+    from ...models.detector import Detections
 
 
 @dataclass

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..data.metadata import KEYPOINT_COLORS, KEYPOINT_GROUPS, KEYPOINT_NAMES, SKELETON, keypoint_index
-from .gltf_scene import (
+from ...data.metadata import KEYPOINT_COLORS, KEYPOINT_GROUPS, KEYPOINT_NAMES, SKELETON, keypoint_index
+from ...outputs.gltf_scene import (
     ARRAY_BUFFER,
     ELEMENT_ARRAY_BUFFER,
     TRIANGLES,
@@ -26,10 +26,10 @@ from .gltf_scene import (
     knobs,
     sticks,
 )
-from .mesh import OPENCV_TO_GLTF
-from .plyglb import POINTS_MATERIAL
-from .writers import NOW, Writer
-from .writers import prepare as _prepare
+from ...outputs.mesh import OPENCV_TO_GLTF
+from ...outputs.plyglb import POINTS_MATERIAL
+from ...outputs.writers import NOW, Writer
+from ...outputs.writers import prepare as _prepare
 
 _FINGERS = ("thumb", "forefinger", "middle_finger", "ring_finger", "pinky_finger")
 

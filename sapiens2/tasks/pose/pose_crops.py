@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import OptionError
-from ..inputs import network as network_input
-from ..models.zoo import INPUT_SIZE
+from ...errors import OptionError
+from ...inputs import network as network_input
+from ...models.zoo import INPUT_SIZE
 
 
 def box_to_center_scale(

@@ -34,7 +34,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..data.metadata import NUM_KEYPOINTS, keypoint_index
+from ...data.metadata import NUM_KEYPOINTS, keypoint_index
 from .keypoint_formats import face70_arrays
 
 COCO18_NAMES: tuple[str, ...] = (

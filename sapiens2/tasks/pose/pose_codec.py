@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.keypoint_sets import keypoint_set
-from ..errors import OptionError
+from ...data.keypoint_sets import keypoint_set
+from ...errors import OptionError
 
 #: The score of a point whose map has no located peak (its step is singular or leaves the reach):
 #: it stays on the peak's cell, below the 0.3 threshold the drawings, the 3D lift and the
@@ -251,7 +251,7 @@ def heatmap_to_crop(
 
     The release writes ``x * W/(w-1)`` and then maps to the image with ``kp/W * scale + c -
     scale/2``; the composition equals this scaling followed by the exact inverse of the UDP crop
-    warp (:func:`sapiens2.ops.pose_crops.warp_matrix`), which is what the pipeline applies.
+    warp (:func:`sapiens2.tasks.pose.pose_crops.warp_matrix`), which is what the pipeline applies.
     """
     h, w = heatmap_hw
     ih, iw = input_hw

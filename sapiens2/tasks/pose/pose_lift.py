@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import OptionError
+from ...errors import OptionError
 
 #: Window side in pixels of the picture the pointmap is sampled at (odd).
 WINDOW = 7

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .export import safe_path, safe_stem, write_ply
-from .mesh import finite_points, grid_mesh, pixels_where, write_mesh_glb, write_mesh_ply
-from .writers import NOW, Writer
+from ...outputs.export import safe_path, safe_stem, write_ply
+from ...outputs.mesh import finite_points, grid_mesh, pixels_where, write_mesh_glb, write_mesh_ply
+from ...outputs.writers import NOW, Writer
 
 
 def foreground_points(

@@ -3,7 +3,7 @@
 As in the release, the image is stretched to the network input (no aspect preservation;
 ``cv2.INTER_AREA`` when shrinking, ``cv2.INTER_CUBIC`` when enlarging) and the logits are resized
 bilinearly to the original size before the argmax. The device returns the logits in a compact
-exact form (:class:`sapiens2.ops.seg_logits.SegLogits`: the argmax plus full logit vectors only
+exact form (:class:`sapiens2.tasks.seg.seg_logits.SegLogits`: the argmax plus full logit vectors only
 around class boundaries), which the server resizes without ever holding 29 full-size planes.
 """
 
@@ -17,31 +17,32 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.metadata import SEG_CLASS_NAMES, SEG_PALETTE, seg_class_ids
-from ..errors import OptionError
-from ..inputs.intake import Intake
-from ..inputs.network import dense_input
-from ..models.zoo import get_task
-from ..ops.seg_logits import SegLogits, finite_logits
-from ..outputs.render import (
+from ...data.metadata import SEG_CLASS_NAMES, SEG_PALETTE, seg_class_ids
+from ...errors import OptionError
+from ...inputs.intake import Intake
+from ...inputs.network import dense_input
+from ...models.zoo import get_task
+from ...outputs.writers import NOW, Writer
+from ..base import Pipeline, TaskResult
+from ..dense import DensePrep, DenseRaw, chunked_forward, start_result
+from ..options import Option
+from ..registry import Task, Video, View
+from ..result_record import Column, Record
+from .seg_logits import SegLogits, finite_logits
+from .seg_render import (
     blend_segmentation,
     class_shares,
     label_ids,
     segmentation_legend,
     segmentation_legend_html,
 )
-from ..outputs.writers import NOW, Writer
-from .base import Pipeline, TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, start_result
-from .options import Option
-from .registry import Task, Video, View
 
 __all__ = ["TASK", "SegLogits", "SegPipeline", "SegRaw", "SegResult", "person_masks_from_boxes"]
 
 
 def _as_boxes(boxes: Any) -> np.ndarray:
     """Person boxes (P, 4) as float64 x1, y1, x2, y2 in original-image pixels."""
-    from ..models.detector import as_boxes
+    from ...models.detector import as_boxes
 
     return as_boxes(boxes, dtype=np.float64)
 
@@ -100,7 +101,7 @@ class SegResult(TaskResult):
         (palette only) and ``_seg.png`` (blended with the photo); returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
-        from ..outputs.export import safe_path, write_npy, write_png, write_png_palette
+        from ...outputs.export import safe_path, write_npy, write_png, write_png_palette
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
@@ -170,7 +171,7 @@ class SegPipeline(Pipeline):
         for raw, logits in zip(raws, self.seg_logits([p.pixels for p in batch], raws), strict=True):
             raw.logits = logits
         if _check_boxes(boxes):
-            from ..models.detector import detect_people
+            from ...models.detector import detect_people
 
             for raw, prep in zip(raws, batch, strict=True):
                 found = detect_people(prep.photo)
@@ -208,6 +209,13 @@ class SegPipeline(Pipeline):
 # ----------------------------------------------------------------------------- declaration
 
 
+#: A batch row: the class ids (0-28) as a one-channel PNG.
+RECORD = Record(
+    (Column("labels_png", "png", "class id per pixel"),),
+    lambda result: {"labels_png": result.labels},
+)
+
+
 TASK = Task(
     spec=get_task("seg"),
     pipeline=SegPipeline,
@@ -241,4 +249,5 @@ TASK = Task(
     ),
     views=(View("html", "Body parts found", lambda result, files: result.legend_html()),),
     video=Video(raw_fields={"labels": None}),
+    record=RECORD,
 )

@@ -2,7 +2,7 @@
 
 * ``write_motion_glb``: glTF 2.0, one skin per person over a node hierarchy (a root node, the
   skin's skeleton root but not a joint, so Blender makes it the armature; under it
-  :func:`sapiens2.outputs.skeleton3d.joint_tree`'s joints), and one animation with a keyframe
+  :func:`sapiens2.tasks.pose.skeleton3d.joint_tree`'s joints), and one animation with a keyframe
   per processed frame: every joint's ``translation`` (LINEAR) and each person's root ``scale``
   (STEP: 1 while the person is in the picture, 0 while not). Joints have no rotation: a bone is
   the stick between two joints, drawn by a small mesh skinned to both ends, so it stretches and
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..data.metadata import KEYPOINT_NAMES
-from .gltf_scene import (
+from ...data.metadata import KEYPOINT_NAMES
+from ...outputs.gltf_scene import (
     ARRAY_BUFFER,
     ELEMENT_ARRAY_BUFFER,
     TRIANGLES,
@@ -35,10 +35,10 @@ from .gltf_scene import (
     knobs,
     sticks,
 )
-from .mesh import OPENCV_TO_GLTF
+from ...outputs.mesh import OPENCV_TO_GLTF
+from ...outputs.writers import NOW, Writer
+from ...outputs.writers import prepare as _prepare
 from .skeleton3d import BODY_RADIUS, bone_colors, joint_positions, joint_tree, rgba
-from .writers import NOW, Writer
-from .writers import prepare as _prepare
 
 
 def filled_joints(joints: np.ndarray, parents: np.ndarray) -> np.ndarray:

@@ -13,13 +13,14 @@ import cv2
 import numpy as np
 import torch
 
-from ..errors import OptionError
-from ..inputs.intake import Intake
-from ..models.zoo import get_task
-from ..outputs.writers import NOW, Writer
-from .base import Pipeline, RunInfo, TaskResult
-from .dense import Timing, chunked_forward
-from .registry import Compare, Task, View
+from ...errors import OptionError
+from ...inputs.intake import Intake
+from ...models.zoo import get_task
+from ...outputs.writers import NOW, Writer
+from ..base import Pipeline, RunInfo, TaskResult
+from ..dense import Timing, chunked_forward
+from ..registry import Compare, Task, View
+from ..result_record import Column, Record
 
 
 @dataclass(kw_only=True)
@@ -31,7 +32,7 @@ class FeaturesResult(TaskResult):
 
     def render(self) -> np.ndarray:
         """The patch features' first three principal components as RGB, at the original size."""
-        from ..outputs.render import pca_rgb
+        from .features_render import pca_rgb
 
         return pca_rgb(self.patch_features, self.image.shape[:2])
 
@@ -46,7 +47,7 @@ class FeaturesResult(TaskResult):
         """Writes ``<name>_embedding.npy`` (D,) and ``<name>_features_pca.png``; returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
-        from ..outputs.export import safe_path, write_npy, write_png
+        from ...outputs.export import safe_path, write_npy, write_png
 
         picture = self.render() if rendered is None else rendered
         return [
@@ -151,6 +152,13 @@ def cosine_similarity(
 # ----------------------------------------------------------------------------- declaration
 
 
+#: A batch row: the backbone's CLS embedding.
+RECORD = Record(
+    (Column("embedding", "tensor", "the CLS vector"),),
+    lambda result: {"embedding": np.asarray(result.embedding, np.float32)},
+)
+
+
 TASK = Task(
     spec=get_task("features"),
     pipeline=FeaturesPipeline,
@@ -167,4 +175,5 @@ TASK = Task(
         cosine_similarity,
         browser_output="cls",
     ),
+    record=RECORD,
 )

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from ..outputs.writers import NOW, Writer
+from ...outputs.writers import NOW, Writer
+from ..base import TaskResult
+from ..registry import FileGroup
 from . import pose_3d
-from .base import TaskResult
-from .registry import FileGroup
 
 #: the keypoint formats ``PoseResult.save`` writes besides the 308-point JSON and the pictures
 #: (the pose tab's second download list)
@@ -62,7 +62,7 @@ class PoseResult(TaskResult):
         show_boxes: bool = False,
     ) -> np.ndarray:
         """The photo with skeletons (links, then points) for keypoints scoring >= ``threshold``."""
-        from ..outputs.render import draw_pose
+        from .pose_render import draw_pose
 
         return draw_pose(
             self.image,
@@ -76,7 +76,7 @@ class PoseResult(TaskResult):
 
     def to_dict(self) -> dict[str, Any]:
         """The 308-point JSON (names, x, y, score per person) plus how the people were found."""
-        from ..outputs.export import pose_json
+        from .pose_files import pose_json
 
         out = pose_json(
             self.keypoints, self.scores, self.boxes, image_size=self._wh(), box_scores=self.box_scores
@@ -84,7 +84,7 @@ class PoseResult(TaskResult):
         out["detection"] = {"source": self.detection_source, "num_found": self.num_found}
         out["keypoint_set"] = self.keypoint_set
         if self.native is not None:  # the model's own points besides their 308 lift
-            from ..data.keypoint_sets import BY_NAME
+            from ...data.keypoint_sets import BY_NAME
 
             kset = BY_NAME[self.keypoint_set]
             triples = np.concatenate([self.native[0], self.native[1][..., None]], axis=-1)  # (P, K, 3)
@@ -114,16 +114,17 @@ class PoseResult(TaskResult):
         conditioning picture) and ``<name>_pose.png`` (the rendering), then the keypoint formats
         (:data:`KEYPOINT_FILES`): ``<name>_coco17.json``, ``<name>_coco_wholebody.json`` (133
         points, COCO's results layout), ``<name>_openpose_body25.json`` and
-        ``<name>_openpose_coco18.json`` (bodies, hands and faces, :mod:`sapiens2.outputs.openpose`),
+        ``<name>_openpose_coco18.json`` (bodies, hands and faces, :mod:`sapiens2.tasks.pose.openpose`),
         ``<name>_keypoints.csv`` (a row per person and keypoint); with 3D keypoints (the
         ``keypoints_3d`` option) also ``<name>_keypoints3d.json`` and ``<name>_skeleton3d.glb``
-        (:mod:`sapiens2.tasks.pose_3d`); returns the paths. ``threshold`` decides which points
+        (:mod:`sapiens2.tasks.pose.pose_3d`); returns the paths. ``threshold`` decides which points
         COCO-17/OpenPose mark as detected (and the conditioning picture draws). ``rendered``: an
         image already rendered (e.g. with the viewer's options) to write as the PNG instead of a
         fresh ``render(threshold=threshold)``."""
-        from ..outputs import keypoint_formats as kf
-        from ..outputs.export import coco17_json, openpose_body25_json, safe_path, write_json, write_png
-        from ..outputs.openpose import openpose_coco18_json
+        from ...outputs.export import safe_path, write_json, write_png
+        from . import keypoint_formats as kf
+        from .openpose import openpose_coco18_json
+        from .pose_files import coco17_json, openpose_body25_json
 
         kp, sc, wh, thr, bs = self.keypoints, self.scores, self._wh(), threshold, self.box_scores
         pictures = {
@@ -159,7 +160,7 @@ class PoseResult(TaskResult):
     def openpose(self, *, threshold: float = 0.3) -> np.ndarray:
         """The ControlNet OpenPose conditioning picture at the photo's size (bodies, hands and
         faces on black)."""
-        from ..outputs.openpose import draw_openpose
+        from .openpose import draw_openpose
 
         return draw_openpose(self.keypoints, self.scores, self.image.shape[:2], threshold=threshold)
 
@@ -168,7 +169,7 @@ class PoseResult(TaskResult):
         return self.native if self.native is not None and self.native[1].shape[-1] == count else None
 
     def _names(self) -> tuple[str, ...]:
-        from ..data.keypoint_sets import BY_NAME
+        from ...data.keypoint_sets import BY_NAME
 
         return BY_NAME[self.keypoint_set].names
 

@@ -17,26 +17,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..inputs.intake import Intake
-from ..inputs.network import PadInfo, crop_padding
-from ..models.zoo import POINTMAP_CANONICAL_FOCAL, get_task
-from ..ops.maps import to_photo
-from ..outputs.mesh import PREVIEW_MAX_FACES, GridMesh, finite_points
-from ..outputs.pointmap_files import (
+from ...inputs.intake import Intake
+from ...inputs.network import PadInfo, crop_padding
+from ...models.zoo import POINTMAP_CANONICAL_FOCAL, get_task
+from ...ops.maps import to_photo
+from ...outputs.mesh import PREVIEW_MAX_FACES, GridMesh, finite_points
+from ...outputs.writers import NOW, Writer
+from ..base import TaskResult
+from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
+from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from ..options import Option
+from ..registry import OnDemand, Task, Video, View
+from ..result_record import Column, Record
+from ..seg.seg_pipeline import TASK as SEG
+from ..seg.seg_pipeline import SegLogits
+from .pointmap_files import (
     foreground_points,
     full_resolution_names,
     full_resolution_source,
     make_full_resolution,
     write_full_resolution,
 )
-from ..outputs.writers import NOW, Writer
-from .base import TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .options import Option
-from .registry import OnDemand, Task, Video, View
-from .seg import TASK as SEG
-from .seg import SegLogits
-from .seg_borrow import SegMaskedPipeline, seg_borrowing
 
 
 @dataclass(kw_only=True)
@@ -58,7 +59,7 @@ class PointmapResult(TaskResult):
     def render(self) -> np.ndarray:
         """Turbo colours of inverse depth on the foreground (bounds: 1st/99th percentile of its
         depth), grey (100) elsewhere."""
-        from ..outputs.render import depth_to_turbo
+        from ...outputs.render import depth_to_turbo
 
         return depth_to_turbo(self.depth, self.mask, percentiles=(1.0, 99.0), background=100)
 
@@ -69,7 +70,7 @@ class PointmapResult(TaskResult):
     def sampled_points(self, max_points: int) -> tuple[np.ndarray, np.ndarray]:
         """The points of :meth:`points` that ``export.subsample`` keeps (at most ``max_points``,
         the viewer's cloud), gathered without the whole cloud (~170 MB at 12 MP)."""
-        from ..outputs.export import subsample
+        from ...outputs.export import subsample
 
         at = np.flatnonzero(self.mask & finite_points(self.pointmap))
         at = at[subsample(len(at), max_points)]
@@ -103,8 +104,8 @@ class PointmapResult(TaskResult):
 
         ``later``: leave the full-resolution files out (at 12 MP they outweigh the rest of the
         request's files): the app makes them only when asked (``TASK.on_demand``)."""
-        from ..outputs.export import GLB_MAX_POINTS, safe_path, write_glb, write_npy, write_png
-        from ..outputs.mesh import write_mesh_glb
+        from ...outputs.export import GLB_MAX_POINTS, safe_path, write_glb, write_npy, write_png
+        from ...outputs.mesh import write_mesh_glb
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
@@ -130,7 +131,7 @@ class PointmapResult(TaskResult):
         """The foreground as a triangle mesh (:func:`sapiens2.outputs.mesh.grid_mesh`; vertices = the
         foreground points in :meth:`points` order), or with ``preview`` the decimated copy of at
         most ``mesh.PREVIEW_MAX_FACES`` faces."""
-        from ..outputs.mesh import grid_mesh, preview_mesh
+        from ...outputs.mesh import grid_mesh, preview_mesh
 
         build = preview_mesh if preview else grid_mesh
         return build(self.pointmap, self.mask, self.image, focal_px=self.focal_px)
@@ -234,6 +235,29 @@ def _mesh_preview(result: Any, files: list[Path]) -> str | None:
     return next((str(p) for p in files if p.name.endswith("_mesh_preview.glb")), None)
 
 
+def _row(result: PointmapResult) -> dict[str, Any]:
+    return {
+        "pointmap": result.pointmap,
+        "mask_png": result.mask,
+        "scale": result.scale,
+        "focal_px": result.focal_px,
+        "focal_px_input": result.focal_px_input,
+    }
+
+
+#: A batch row: the photo-size pointmap (float16 .npy), the person mask, scale and focal lengths.
+RECORD = Record(
+    (
+        Column("pointmap", "npy", "metric XYZ per pixel"),
+        Column("mask_png", "png", "the person mask"),
+        Column("scale", "float", "the predicted scale"),
+        Column("focal_px", "float", "the implied focal length, photo pixels"),
+        Column("focal_px_input", "float", "the implied focal length, network input pixels"),
+    ),
+    _row,
+)
+
+
 TASK = Task(
     spec=get_task("pointmap"),
     pipeline=PointmapPipeline,
@@ -277,4 +301,5 @@ TASK = Task(
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
     video=Video(handler="depth", raw_fields={"depth": np.float32, "mask": None}),
+    record=RECORD,
 )

@@ -20,18 +20,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import OptionError
-from ..inputs.intake import Intake
-from ..inputs.network import crop_padding, resize_to
-from ..models.zoo import get_task
-from ..outputs.writers import NOW, Writer
-from .base import TaskResult
-from .dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
-from .options import Option
-from .registry import Task, Video
-from .seg import TASK as SEG
-from .seg import SegLogits
-from .seg_borrow import SegMaskedPipeline, seg_borrowing
+from ...errors import OptionError
+from ...inputs.intake import Intake
+from ...inputs.network import crop_padding, resize_to
+from ...models.zoo import get_task
+from ...outputs.writers import NOW, Writer
+from ..base import TaskResult
+from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
+from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
+from ..options import Option
+from ..registry import Task, Video
+from ..result_record import Column, Record
+from ..seg.seg_pipeline import TASK as SEG
+from ..seg.seg_pipeline import SegLogits
 
 #: the release's background grey (vis_albedo.py)
 BACKGROUND_GREY = 100
@@ -59,7 +60,7 @@ class AlbedoResult(TaskResult):
     ) -> list[Path]:
         """Writes ``<name>_albedo.png``, ``<name>_albedo.npy`` (float16, (H, W, 3) in [0, 1]) and,
         with a mask, ``<name>_albedo_mask.png``; ``rendered`` replaces the default PNG."""
-        from ..outputs.export import safe_path, write_npy, write_png
+        from ...outputs.export import safe_path, write_npy, write_png
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
@@ -135,6 +136,13 @@ class AlbedoPipeline(SegMaskedPipeline):
 _needs, _work = seg_borrowing("use_segmentation", default=True)
 
 
+#: A batch row: the photo-size albedo (float16 .npy) and the person mask (PNG).
+RECORD = Record(
+    (Column("albedo", "npy", "surface colour per pixel"), Column("mask_png", "png", "the person mask")),
+    lambda result: {"albedo": result.albedo, "mask_png": result.mask},
+)
+
+
 TASK = Task(
     spec=get_task("albedo"),
     pipeline=AlbedoPipeline,
@@ -167,4 +175,5 @@ TASK = Task(
     borrows=(SEG,),
     needs=_needs,
     video=Video(raw_fields={"albedo": np.float16, "mask": None}),
+    record=RECORD,
 )

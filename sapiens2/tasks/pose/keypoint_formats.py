@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..data.face68 import FACE68, FACE70
-from ..data.metadata import (
+from ...data.face68 import FACE68, FACE70
+from ...data.metadata import (
     COCO_WHOLEBODY_NAMES,
     COCO_WHOLEBODY_PARTS,
     COCO_WHOLEBODY_TO_308,
@@ -36,8 +36,8 @@ from ..data.metadata import (
     NUM_KEYPOINTS,
     keypoint_index,
 )
-from .writers import NOW, Writer
-from .writers import prepare as _prepare
+from ...outputs.writers import NOW, Writer
+from ...outputs.writers import prepare as _prepare
 
 Sources = Sequence[tuple[str, float]]
 

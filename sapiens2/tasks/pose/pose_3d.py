@@ -3,7 +3,7 @@
 With the pose option ``keypoints_3d``, the pose pipeline also runs the pointmap model (and its
 body-part segmentation, for the people's mask) on the same photo, in the same three stages: the
 pointmap's prep rides in the pose prep, its forward follows pose's in ``infer``, and ``finish``
-lifts every keypoint with :func:`sapiens2.ops.pose_lift.lift_keypoints`. The result carries
+lifts every keypoint with :func:`sapiens2.tasks.pose.pose_lift.lift_keypoints`. The result carries
 :class:`Keypoints3D`; ``save`` writes ``<name>_keypoints3d.json`` and ``<name>_skeleton3d.glb``
 (the point cloud with the skeletons inside).
 
@@ -26,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, OptionError, WeightsUnavailableError
-from ..inputs.intake import Intake
-from ..ops.pose_lift import lift_keypoints
-from ..outputs.writers import NOW, Writer
-from .options import Option
-from .pointmap import TASK as POINTMAP
-from .pointmap import PointmapPipeline
-from .registry import Task
-from .seg import TASK as SEG
+from ...errors import CheckpointError, OptionError, WeightsUnavailableError
+from ...inputs.intake import Intake
+from ...outputs.writers import NOW, Writer
+from ..options import Option
+from ..pointmap.pointmap_pipeline import TASK as POINTMAP
+from ..pointmap.pointmap_pipeline import PointmapPipeline
+from ..registry import Task
+from ..seg.seg_pipeline import TASK as SEG
+from .pose_lift import lift_keypoints
 
 OPTION = "keypoints_3d"
 #: pose's option that turns the 3D keypoints on
@@ -135,8 +135,8 @@ def needs(infer_opts: Mapping[str, Any]) -> tuple[Task, ...]:
 
 def save(result: Any, out_dir: str | Path, *, threshold: float, writer: Writer = NOW) -> list[Path]:
     """``<name>_keypoints3d.json`` and ``<name>_skeleton3d.glb`` of a pose result with 3D keypoints."""
-    from ..outputs.export import safe_path, write_json
-    from ..outputs.skeleton3d import keypoints3d_json, write_skeleton_cloud_glb
+    from ...outputs.export import safe_path, write_json
+    from .skeleton3d import keypoints3d_json, write_skeleton_cloud_glb
 
     k3 = result.keypoints_3d
     shown = np.where((result.scores >= threshold)[..., None], k3.points, np.nan)
