@@ -29,6 +29,7 @@ from ..errors import CheckpointError, InputImageError, OptionError, WeightsUnava
 from ..runtime.devices import canonical_device, default_device
 from ..zerogpu.entry import cuda_emulation
 from . import zoo
+from .boxes import as_boxes, box_iou, nms, xyxy_from_centres  # noqa: F401 (re-exported)
 from .nn.detr import DEFAULT_HEADS, Detr, build_detr
 from .weights import ENV_VAR, find_weights, load_tensors
 
@@ -57,47 +58,6 @@ class Detections:
 
     def __len__(self) -> int:
         return len(self.boxes)
-
-
-# ----------------------------------------------------------------------------- NMS
-
-
-def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Pairwise IoU of (N, 4) and (M, 4) xyxy boxes: (N, M); empty boxes have IoU 0."""
-    lt = torch.maximum(a[:, None, :2], b[None, :, :2])
-    rb = torch.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = (rb - lt).clamp(min=0).prod(dim=2)
-    area_a = (a[:, 2:] - a[:, :2]).clamp(min=0).prod(dim=1)
-    area_b = (b[:, 2:] - b[:, :2]).clamp(min=0).prod(dim=1)
-    union = area_a[:, None] + area_b[None, :] - inter
-    return torch.where(
-        union > 0, inter / union.clamp(min=torch.finfo(union.dtype).tiny), torch.zeros_like(inter)
-    )
-
-
-def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
-    """Greedy non-maximum suppression in plain torch.
-
-    Visits boxes by decreasing score (ties: lower index first) and drops every later box whose
-    IoU with a kept one is greater than ``iou_threshold``. Returns kept indices, best first.
-    """
-    if boxes.ndim != 2 or boxes.shape[-1] != 4 or scores.shape != boxes.shape[:1]:
-        raise OptionError(
-            f"nms needs boxes (N, 4) and scores (N,); got {tuple(boxes.shape)} and {tuple(scores.shape)}."
-        )
-    order = torch.sort(scores, descending=True, stable=True).indices
-    if order.numel() == 0:
-        return order
-    # DETR gives at most a few hundred boxes: one IoU matrix, then a cheap loop on the CPU.
-    overlaps = (box_iou(boxes[order].float(), boxes[order].float()) > iou_threshold).cpu()
-    suppressed = torch.zeros(order.numel(), dtype=torch.bool)
-    keep = []
-    for i in range(order.numel()):
-        if suppressed[i]:
-            continue
-        keep.append(i)
-        suppressed |= overlaps[i]
-    return order[torch.tensor(keep, dtype=torch.long, device=order.device)]
 
 
 # ----------------------------------------------------------------------------- pre/post
@@ -195,9 +155,7 @@ def person_boxes(
     """
     probs = logits.float().softmax(-1)[..., :-1]
     scores, labels = probs.max(-1)
-    cx, cy, bw, bh = boxes.float().unbind(-1)
-    xyxy = torch.stack((cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2), dim=-1)
-    xyxy = xyxy * torch.tensor([width, height, width, height], dtype=xyxy.dtype, device=xyxy.device)
+    xyxy = xyxy_from_centres(boxes, width, height)
     is_person = labels == person_label
     return xyxy[is_person], scores[is_person]
 
@@ -228,27 +186,6 @@ def _check_image(image: Any) -> np.ndarray:
     if image.shape[0] < 1 or image.shape[1] < 1:
         raise InputImageError(f"The image is empty (shape {image.shape}).")
     return image
-
-
-def as_boxes(boxes: Any, what: str = "boxes", dtype: Any = np.float32) -> np.ndarray:
-    """(N, 4) x1, y1, x2, y2 boxes from a list, array, tensor or :class:`Detections`; an
-    OptionError naming ``what`` when they are not finite numbers of that shape."""
-    boxes = getattr(boxes, "boxes", boxes)
-    if isinstance(boxes, torch.Tensor):
-        boxes = boxes.detach().cpu().numpy()
-    try:
-        arr = np.asarray(boxes, dtype=dtype)
-    except (TypeError, ValueError) as err:
-        raise OptionError(f"{what} must be numbers shaped (N, 4) as x1, y1, x2, y2; {err}.") from None
-    if arr.size == 0:
-        return arr.reshape(0, 4)
-    if arr.ndim == 1 and arr.size == 4:
-        arr = arr[None]
-    if arr.ndim != 2 or arr.shape[1] != 4:
-        raise OptionError(f"{what} must be shaped (N, 4) as x1, y1, x2, y2 in pixels; got shape {arr.shape}.")
-    if not np.isfinite(arr).all():
-        raise OptionError(f"{what} contain NaN or infinite values.")
-    return arr
 
 
 def _whole_image(hw: tuple[int, int], notice: str, notices: list[str] | None = None) -> Detections:

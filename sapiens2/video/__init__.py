@@ -2,9 +2,9 @@
 
 Modules, each usable alone: ``reader`` (checked decoding, limits), ``writer`` (VP8/WebM),
 ``tracking`` (IoU tracker, stable person ids), ``smoothing`` (One-Euro filter), ``depth``
-(clip-wide depth colour bounds), ``depth_align`` (depth held still over time), ``motion``
-(pose + pointmap -> 3D motion), ``exports`` (pose tracks JSON, NPZ under a cap), ``handlers``
-(per-task frame handling) and ``runner`` (:func:`run_video`). No UI code here.
+(clip-wide depth colour bounds), ``depth_align`` (depth held still over time), ``clip_motion``
+(pose + pointmap -> 3D motion), ``exports`` (pose tracks JSON, NPZ under a cap),
+``frame_handlers`` (per-task frame handling) and ``clip_runner`` (:func:`run_video`). No UI code here.
 
 Public names are imported lazily, so ``import sapiens2.video`` stays cheap.
 """
@@ -27,13 +27,13 @@ _LAZY = {
     "TrackingOptions": ".people",
     "PoseTracking": ".people",
     "DepthScale": ".depth",
-    "VideoPlan": ".runner",
-    "VideoResult": ".runner",
-    "plan_video": ".runner",
-    "run_video": ".runner",
+    "VideoPlan": ".clip_runner",
+    "VideoResult": ".clip_runner",
+    "plan_video": ".clip_runner",
+    "run_video": ".clip_runner",
     "DepthAligner": ".depth_align",
-    "MotionOptions": ".motion",
-    "run_motion": ".motion",
+    "MotionOptions": ".clip_motion",
+    "run_motion": ".clip_motion",
 }
 
 __all__ = list(_LAZY)
