@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import OptionError, Sapiens2Error
 from ..tasks.registry import Task
-from ..video.clip_runner import budget_stop
+from ..video.clip_steps import budget_stop
 from ..zerogpu.loadguard import loading_forbidden
 from .cache import ModelManager
 from .memory import is_out_of_memory, out_of_memory
