@@ -2,7 +2,7 @@
 memory, and where output files go. Each fault gives a clear error, nothing bad is cached, and the
 next request succeeds once the cause is gone.
 
-Requests go through the serving layer and the app's request runner (``sapiens2.ui.handlers.Runner``, the code
+Requests go through the serving layer and the app's request runner (``sapiens2.ui.page_runner.Runner``, the code
 behind every endpoint) with the tiny checkpoints; no server is started here.
 """
 

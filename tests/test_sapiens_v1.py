@@ -142,7 +142,8 @@ def test_no_endpoint_takes_a_checkpoint_or_path(tiny_checkpoints) -> None:
     call names a size, never a file to load."""
     from sapiens2 import serving
     from sapiens2.tasks import registry
-    from sapiens2.ui.handlers import Runner, task_endpoint
+    from sapiens2.ui.endpoints import task_endpoint
+    from sapiens2.ui.page_runner import Runner
 
     manager = serving.ModelManager(device="cpu")
     for task in registry.all_tasks().values():
