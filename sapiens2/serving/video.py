@@ -191,10 +191,7 @@ class VideoRequests:
 
     def _fits(self, job: VideoJob, frames: int, quota_s: int | None, also: tuple[VideoJob, ...] = ()) -> bool:
         jobs = (job, *also)
-        seconds = sum(self.clip_work(j, frames) for j in jobs) + cost.start_seconds(self._resident(*jobs))
-        if quota_s is None:
-            return seconds <= cost.MAX_CALL_S
-        return gpu_request(seconds).charged_s <= quota_s
+        return cost.call_fits(sum(self.clip_work(j, frames) for j in jobs), self._resident(*jobs), quota_s)
 
     def request_limits(self, max_frames: int | None) -> VideoLimits:
         """The server's limits, with ``max_frames`` lowered to the caller's when given."""
@@ -209,7 +206,7 @@ class VideoRequests:
 
     def _resident(self, *jobs: VideoJob) -> int:
         sizes = [s for j in jobs for s in model_sizes(j.task, j.size, j.infer_opts)]
-        return max(self.manager.resident_bytes(), cost.weight_bytes(sizes))
+        return cost.resident_for(self.manager.resident_bytes(), sizes)
 
     def clip_work(self, job: VideoJob, frames: int) -> float:
         """Seconds of device work of the clip's one call for ``frames`` frames (start excluded):
@@ -311,7 +308,7 @@ class VideoRequests:
         start), on a GPU; None elsewhere. SAPIENS2_NO_GPU_BUDGET=1 turns it off where "cuda" is
         emulated on a CPU whose wall time says nothing about a GPU's."""
         timed = self.manager.cuda and not os.environ.get("SAPIENS2_NO_GPU_BUDGET")
-        return seconds - cost.start_seconds(self._resident(job, *also)) if timed else None
+        return cost.work_budget(self._resident(job, *also), seconds) if timed else None
 
     def clip_run(self, job: VideoJob, call: ClipCall, out_dir: str, name: str | None = None) -> ClipRun:
         """The server's side of ``job``'s clip (nothing decoded yet): the pipeline's CPU stages
