@@ -271,7 +271,7 @@ def test_a_server_runs_v1_files_given_by_the_operator(v1_dir: Path, tmp_path: Pa
 
 
 def test_out_of_memory_advice_stays_within_the_generation() -> None:
-    from sapiens2.serving.memory import out_of_memory
+    from sapiens2.serving.memory_errors import out_of_memory
 
     assert "(v1-0.3b, v1-0.6b)" in str(out_of_memory(zoo.get_task("normal"), "v1-1b"))
     assert "(0.4b, 0.8b)" in str(out_of_memory(zoo.get_task("normal"), "1b"))

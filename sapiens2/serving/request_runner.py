@@ -31,6 +31,7 @@ from . import on_demand
 from .cache import ModelManager
 from .device import AllTasks, Batch, Device, OneTask, local_device
 from .folders import RequestFolders
+from .memory_errors import trim_after_out_of_memory
 from .present import Presented, Stages, present, run_info, what_ran
 
 log = logging.getLogger(__name__)
@@ -159,8 +160,10 @@ class RequestRunner:
             try:
                 with stages.timed("device"):
                     [raws] = list(self.device(unit))
-            except OutOfMemoryError:
-                self.manager.trim()  # a ZeroGPU worker trimmed its own copy; this process holds one too
+            except OutOfMemoryError as err:
+                trim_after_out_of_memory(
+                    self.manager, err
+                )  # a GPU worker trimmed its own copy; so does this one
                 raise
         with stages.timed("finish"):
             out = finish_batch(pipe, raws, job.intakes, opts)
@@ -283,8 +286,8 @@ class RequestRunner:
                 if i + 1 < len(names):
                     ready[names[i + 1]][0].stages.starting("device")
                 arrived = time.perf_counter()
-        except OutOfMemoryError:
-            self.manager.trim()
+        except OutOfMemoryError as err:
+            trim_after_out_of_memory(self.manager, err)
             raise
         except GpuUnavailableError as err:
             todo = {t: v for t, v in ready.items() if t not in out}

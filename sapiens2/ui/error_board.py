@@ -32,7 +32,7 @@ from ..errors import (
     WeightsUnavailableError,
     for_visitor,
 )
-from ..serving import ModelManager, is_out_of_memory
+from ..serving import ModelManager, trim_after_out_of_memory
 
 log = logging.getLogger("sapiens2.app")
 
@@ -75,8 +75,7 @@ def reported(manager: ModelManager) -> Iterator[None]:
     except Sapiens2Error as err:
         raise user_error(err) from None
     except Exception as err:
-        if is_out_of_memory(err):
-            manager.trim()
+        if trim_after_out_of_memory(manager, err):
             raise gr.Error(
                 "Out of memory. Try a smaller model size or a smaller photo.", title="Out of GPU memory"
             ) from None

@@ -11,8 +11,8 @@ from typing import Any
 import gradio as gr
 
 from ..errors import OutOfMemoryError, Sapiens2Error, for_visitor
-from ..serving import ModelManager, Presented, RequestFolders, RequestRunner
-from ..serving.present import PREVIEW_SIDE, Stages, run_info
+from ..serving import ModelManager, Presented, RequestFolders, RequestRunner, trim_after_out_of_memory
+from ..serving.present import PREVIEW_SIDE, Stages, all_tasks_stages, queued_stages, run_info
 from ..tasks.registry import OnDemand, Task
 from .error_board import reported, user_error, warn
 from .gpu import gpu_device
@@ -21,11 +21,7 @@ from .gpu import gpu_device
 def timed_text(presented: Presented, queued: float | None, started: float) -> str:
     """The run info of a result: its stages, with the time it waited before the function started
     (``queue``) first when known, and the total from its arrival to now."""
-    stages = Stages()
-    if queued is not None:
-        stages.add("queue", queued)
-    for name, seconds in presented.stages.seconds.items():
-        stages.add(name, seconds)
+    stages = queued_stages(presented.stages.seconds, queued)
     total = (queued or 0.0) + time.perf_counter() - started
     return run_info(presented.what or presented.head, stages, presented.notices, presented.head, total)
 
@@ -104,8 +100,9 @@ class Runner:
                 listener=all_progress(progress, title),
             )
         failed = {t: v for t, v in shown.items() if isinstance(v, Sapiens2Error)}
-        if any(isinstance(v, OutOfMemoryError) for v in failed.values()):
-            self.manager.trim()  # later tasks loaded models again after the failure's trim
+        oom = next((v for v in failed.values() if isinstance(v, OutOfMemoryError)), None)
+        if oom is not None:  # later tasks loaded models again after the failure's trim
+            trim_after_out_of_memory(self.manager, oom)
         if failed and len(failed) == len(jobs):
             said: dict[str, list[str]] = {}  # one sentence, the tasks it stopped
             for t, v in failed.items():
@@ -131,15 +128,8 @@ class Runner:
         if failed:
             status += " (skipped: " + ", ".join(title[t] for t in failed) + ")"
         done = [v for v in shown.values() if isinstance(v, Presented)]
-        stages = Stages()  # the photo was read once for every task: counted once
-        if queued is not None:
-            stages.add("queue", queued)
-        read = min((v.stages.seconds.get("read", 0.0) for v in done), default=0.0)
-        stages.add("read", read)
-        for value in done:
-            stages.add(title[value.task], value.stages.total() - read)
-        stages.add("other", max(0.0, time.perf_counter() - t0 - stages.total() + (queued or 0.0)))
-        return shown, run_info(status, stages)
+        spent = [(title[v.task], v.stages) for v in done]
+        return shown, run_info(status, all_tasks_stages(spent, queued, time.perf_counter() - t0))
 
 
 def all_progress(progress: Any, title: Mapping[str, str]) -> Callable[[str, str], None] | None:
