@@ -9,10 +9,10 @@ Nothing here imports Gradio, and nothing names a task: a request arrives with it
 
 Modules: ``cache`` (the model cache and residency), ``request_runner`` (one request, any task),
 ``device`` (the typed units of device work: a task's batch, "All tasks", a clip), ``video``
-(a clip in one device call, its plan and estimates), ``live`` (a camera's frames), ``present`` (result -> rendering, files,
-views), ``on_demand`` (files made only when asked), ``memory_errors`` (out-of-memory
-errors and the one trim after them), ``folders`` (per-request output folders). What a call costs is
-``sapiens2.models.cost``'s.
+(a clip in one device call, its plan and estimates), ``live`` (a camera's frames), ``present``
+(result -> rendering, files, views, stage totals), ``on_demand`` (files made only when asked),
+``memory_errors`` (out-of-memory errors and the one trim after them), ``folders`` (per-request
+output folders). What a call costs is ``sapiens2.models.cost``'s.
 """
 
 from __future__ import annotations

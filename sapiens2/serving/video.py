@@ -1,17 +1,13 @@
-"""Video requests for a server: a clip through a task in ONE device call (one GPU admission).
+"""Video requests for a server: a clip through a task with ONE device call (one GPU admission).
 
-The clip is read, checked and planned here and the models are loaded here
-(``ModelManager.prepare``); then one device call runs the whole clip where the models are
-(decode, person detection and tracking for a task with a detection hook, the batch forwards, rendering, writing), yielding
-its progress per batch and then the result. On ZeroGPU that call is one admission with one
-reservation (:func:`sapiens2.models.cost.reservation`), so a clip can no longer be refused
-halfway for lack of quota; a plan that would not fit a visitor without an account is reduced
-up front (a larger stride, then fewer frames) and the page says so; a refusal for quota runs the
-frames that fit in the seconds left, and a device failure partway keeps the frames done.
-
-Before a run, :meth:`VideoRequests.estimate` says what it will cost: the GPU seconds the call will
-request, or the time on a CPU from the model's size and a CPU rate (``sapiens2.models.cost``),
-replaced by this server's own measurement once it has run a clip.
+The clip is checked and planned here and its models loaded here. This process decodes, prepares,
+finishes, renders and writes the clip (:class:`~sapiens2.video.clip_runner.ClipRun`); only the
+batch forwards and pose's person detections go to the one device call
+(:class:`~sapiens2.serving.clip_call.ClipCall`), whose reservation :mod:`sapiens2.models.cost`
+prices. A plan that would not fit a visitor's quota is reduced up front (a larger stride, then
+fewer frames) and the page says so; a refusal for quota runs the frames that fit the seconds left,
+and a device failure partway keeps the frames done. :meth:`VideoRequests.estimate` says first what
+a run will cost: the GPU seconds requested, or the time on a CPU.
 """
 
 from __future__ import annotations
