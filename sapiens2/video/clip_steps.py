@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 from ..inputs.intake import Intake
 
-Progress = Callable[[int, int | None], None]  # (frames done, frames planned or None if unknown)
 Infer = Callable[..., list]  # (preps, **options) -> raws: the batch's device work
 
 
