@@ -30,7 +30,7 @@ from sapiens2.models.checkpoints import CHECKPOINT_HELP, CHECKPOINTS_ENV, Checkp
 from sapiens2.runtime import heap
 from sapiens2.tasks import registry
 from sapiens2.ui import arrival, browser_compare, live_tab, mcp_files
-from sapiens2.ui.handlers import Runner
+from sapiens2.ui.page_runner import Runner
 from sapiens2.ui.inputs import photo_input, say_on_arrival
 from sapiens2.ui.layout import MODELS, about_markdown, all_tasks_event, task_tab
 from sapiens2.ui.video_tab import video_tab

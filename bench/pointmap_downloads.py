@@ -96,8 +96,8 @@ def main() -> None:
             full = timed("mesh (full)", res.mesh)
             timed("mesh GLB", mesh.write_mesh_glb, out / "m.glb", full)
             timed("mesh PLY", mesh.write_mesh_ply, out / "m.ply", full)
-            timed("point cloud PLY", export.write_ply, out / "c.ply", pts, cols)
-            timed("point cloud GLB", export.write_glb, out / "c.glb", pts, cols)
+            timed("point cloud PLY", export.write_point_cloud_ply, out / "c.ply", pts, cols)
+            timed("point cloud GLB", export.write_point_cloud_glb, out / "c.glb", pts, cols)
             for p in out.iterdir():
                 p.unlink()
     print(f"mesh: {len(full.vertices):,} vertices, {full.num_faces:,} faces")

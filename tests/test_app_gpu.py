@@ -31,7 +31,7 @@ from sapiens2.serving.cache import CUSTOM
 from sapiens2.serving.device import Batch, OneTask
 from sapiens2.tasks import registry
 from sapiens2.ui import gpu
-from sapiens2.ui.handlers import all_parameters
+from sapiens2.ui.endpoints import all_parameters
 from sapiens2.ui.layout import MODELS
 from sapiens2.zerogpu import quota as zerogpu
 

@@ -21,22 +21,22 @@ from sapiens2.serving.device import READY, Batch, Clip, Feed, Stopped
 from sapiens2.serving.motion_requests import MotionRequests
 from sapiens2.serving.video import VideoRequests
 from sapiens2.tasks import registry
-from sapiens2.video import TrackingOptions, handlers, motion, runner, writer
+from sapiens2.video import TrackingOptions, clip_motion, clip_runner, clip_steps, frame_handlers, writer
 
 T = registry.get
 
 #: What the server does and a GPU call must not: (module or class, attribute, kind).
 HOST = [
-    (runner, "iter_frames", "decode"),
-    (runner, "load_image", "intake"),
-    (runner, "prepare_batch", "prepare"),
-    (runner, "finish_batch", "finish"),
-    (handlers.PoseFrames, "options_for", "track"),
-    (handlers.PoseFrames, "consume", "render"),
-    (handlers.DenseFrames, "consume", "render"),
-    (handlers.DepthFrames, "consume", "render"),
-    (handlers.DepthFrames, "deferred", "render"),
-    (motion.MotionDepth, "consume", "lift"),
+    (clip_runner, "iter_frames", "decode"),
+    (clip_runner, "load_image", "intake"),
+    (clip_runner, "prepare_batch", "prepare"),
+    (clip_runner, "finish_batch", "finish"),
+    (frame_handlers.PoseFrames, "options_for", "track"),
+    (frame_handlers.PoseFrames, "consume", "render"),
+    (frame_handlers.DenseFrames, "consume", "render"),
+    (frame_handlers.DepthFrames, "consume", "render"),
+    (frame_handlers.DepthFrames, "deferred", "render"),
+    (clip_motion.MotionDepth, "consume", "lift"),
     (writer.VideoWriter, "write", "encode"),
 ]
 DEVICE = [(device.Batch, "infer", "forward"), (device.Detect, "infer", "detect")]
@@ -209,6 +209,6 @@ def test_the_call_stops_before_its_reservation_runs_out() -> None:
     steps = call.steps(T("seg"), "0.4b")
     raws = steps.stream([[1], [2]], {}, last=True)
     assert next(raws) == [2]
-    with pytest.raises(runner.ClipStopped):
+    with pytest.raises(clip_steps.ClipStopped):
         next(raws)
     call.close()

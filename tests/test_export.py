@@ -267,15 +267,15 @@ def test_ply_parses_back_with_expected_count_and_values(tmp_path: Path) -> None:
     pts = np.random.default_rng(1).normal(size=(50, 3)).astype(np.float32)
     cols = np.random.default_rng(2).integers(0, 256, (50, 3), dtype=np.uint8)
     pts[3] = np.nan  # dropped
-    header, rec = _read_ply(export.write_ply(tmp_path / "c.ply", pts, cols))
+    header, rec = _read_ply(export.write_point_cloud_ply(tmp_path / "c.ply", pts, cols))
     assert header[:2] == ["ply", "format binary_little_endian 1.0"] and "element vertex 49" in header
     keep = np.arange(50) != 3
     assert len(rec) == 49 and (rec["x"] == pts[keep, 0]).all() and (rec["z"] == pts[keep, 2]).all()
     assert (rec["green"] == cols[keep, 1]).all() and (rec["alpha"] == 255).all()
-    header, rec = _read_ply(export.write_ply(tmp_path / "n.ply", pts[:4]))
+    header, rec = _read_ply(export.write_point_cloud_ply(tmp_path / "n.ply", pts[:4]))
     assert rec.dtype.names == ("x", "y", "z") and len(rec) == 3
     with pytest.raises(InputImageError, match="4 points but 3 colours"):
-        export.write_ply(tmp_path / "bad.ply", pts[:4], cols[:3])
+        export.write_point_cloud_ply(tmp_path / "bad.ply", pts[:4], cols[:3])
 
 
 def test_cloud_files_do_not_depend_on_the_writers_chunk_size(tmp_path: Path, monkeypatch) -> None:
@@ -286,11 +286,14 @@ def test_cloud_files_do_not_depend_on_the_writers_chunk_size(tmp_path: Path, mon
     rng = np.random.default_rng(4)
     pts = rng.normal(size=(50, 3)).astype(np.float32)
     cols = rng.integers(0, 256, (50, 3), dtype=np.uint8)
-    whole = [export.write_ply(tmp_path / "a.ply", pts, cols), export.write_glb(tmp_path / "a.glb", pts, cols)]
+    whole = [
+        export.write_point_cloud_ply(tmp_path / "a.ply", pts, cols),
+        export.write_point_cloud_glb(tmp_path / "a.glb", pts, cols),
+    ]
     monkeypatch.setattr(plyglb, "CHUNK_ROWS", 7)
     chunked = [
-        export.write_ply(tmp_path / "b.ply", pts, cols),
-        export.write_glb(tmp_path / "b.glb", pts, cols),
+        export.write_point_cloud_ply(tmp_path / "b.ply", pts, cols),
+        export.write_point_cloud_glb(tmp_path / "b.glb", pts, cols),
     ]
     assert [p.read_bytes() for p in whole] == [p.read_bytes() for p in chunked]
 
@@ -314,7 +317,7 @@ def test_glb_parses_back_with_counts_bounds_and_colours(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     pts = rng.normal(size=(30, 3)).astype(np.float32)
     cols = rng.integers(0, 256, (30, 3), dtype=np.uint8)
-    gltf, binary = _read_glb(export.write_glb(tmp_path / "c.glb", pts, cols))
+    gltf, binary = _read_glb(export.write_point_cloud_glb(tmp_path / "c.glb", pts, cols))
     prim = gltf["meshes"][0]["primitives"][0]
     pos_acc, col_acc = gltf["accessors"][prim["attributes"]["POSITION"]], gltf["accessors"][1]
     assert gltf["asset"]["version"] == "2.0" and prim["mode"] == 0
@@ -333,12 +336,14 @@ def test_glb_parses_back_with_counts_bounds_and_colours(tmp_path: Path) -> None:
 
 def test_glb_subsamples_and_handles_empty_clouds(tmp_path: Path) -> None:
     pts = np.arange(150, dtype=np.float32).reshape(50, 3)
-    gltf, binary = _read_glb(export.write_glb(tmp_path / "s.glb", pts, max_points=10, opencv_to_gltf=False))
+    gltf, binary = _read_glb(
+        export.write_point_cloud_glb(tmp_path / "s.glb", pts, max_points=10, opencv_to_gltf=False)
+    )
     assert gltf["accessors"][0]["count"] == 10
     got = np.frombuffer(binary, "<f4", count=30).reshape(10, 3)
     assert all(any((row == p).all() for p in pts) for row in got)  # a subset of the input
-    empty, binary = _read_glb(export.write_glb(tmp_path / "e.glb", np.full((4, 3), np.nan)))
+    empty, binary = _read_glb(export.write_point_cloud_glb(tmp_path / "e.glb", np.full((4, 3), np.nan)))
     assert binary == b"" and "meshes" not in empty and "mesh" not in empty["nodes"][0]
     assert trimesh.load(tmp_path / "e.glb").is_empty  # readers accept the empty file
     with pytest.raises(OptionError, match="max_points must be at least 1"):
-        export.write_glb(tmp_path / "x.glb", pts, max_points=0)
+        export.write_point_cloud_glb(tmp_path / "x.glb", pts, max_points=0)

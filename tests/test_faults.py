@@ -2,7 +2,7 @@
 memory, and where output files go. Each fault gives a clear error, nothing bad is cached, and the
 next request succeeds once the cause is gone.
 
-Requests go through the serving layer and the app's request runner (``sapiens2.ui.handlers.Runner``, the code
+Requests go through the serving layer and the app's request runner (``sapiens2.ui.page_runner.Runner``, the code
 behind every endpoint) with the tiny checkpoints; no server is started here.
 """
 
@@ -35,6 +35,7 @@ import sapiens2.models.loading  # noqa: E402
 import sapiens2.models.weights  # noqa: E402
 from sapiens2 import serving  # noqa: E402
 from sapiens2.errors import CheckpointError, OutOfMemoryError, WeightsUnavailableError  # noqa: E402
+from sapiens2.runtime import heap  # noqa: E402
 from sapiens2.tasks import pipeline  # noqa: E402
 
 SMALL = (256, 192)
@@ -394,7 +395,7 @@ def _rss_mb() -> float:
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.skipif(serving.memory._malloc_trim() is None, reason="glibc only (malloc_trim)")
+@pytest.mark.skipif(heap._malloc_trim() is None, reason="glibc only (malloc_trim)")
 def test_release_memory_gives_freed_request_buffers_back() -> None:
     kept: list[np.ndarray] = []
 
@@ -416,7 +417,7 @@ def test_release_memory_keeps_a_warm_heap_up_to_its_budget(monkeypatch) -> None:
     that much stays mapped for the next request. The growth decides, not the total: after a trim
     the free blocks are still counted as free, so one very large request must not make every
     later request trim."""
-    from sapiens2.serving import memory
+    from sapiens2.runtime import heap as memory
 
     gib = 1 << 30
     free = [0]

@@ -203,7 +203,8 @@ def test_flip_test_runs_mirrors_in_the_same_batch_and_averages_as_the_release(
 
 def test_flip_default_is_on_for_a_gpu_off_for_a_cpu_in_ui_api_and_pipeline(pose_pipe: PosePipeline) -> None:
     from sapiens2.serving import ModelManager
-    from sapiens2.ui.handlers import Runner, task_endpoint
+    from sapiens2.ui.endpoints import task_endpoint
+    from sapiens2.ui.page_runner import Runner
     from sapiens2.ui.widgets import option_widget
 
     flip = next(o for o in TASK.options if o.name == "flip_test")

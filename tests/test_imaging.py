@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from sapiens2.errors import InputImageError, OptionError
+from sapiens2.inputs import image_decode
 from sapiens2.inputs import intake as imaging
 from sapiens2.inputs.intake import Intake, load_image
 from sapiens2.inputs.network import (
@@ -424,7 +425,7 @@ def test_what_cannot_decode_reduced_is_refused_with_the_reason(monkeypatch) -> N
     with pytest.raises(InputImageError, match=r"1600x1200 px .*above the limit"):
         load_image(loaded)
     assert load_image(lazy).reduction == 2  # a lazily opened PIL JPEG is reduced like bytes
-    monkeypatch.setattr(imaging, "MAX_REDUCED_PIXELS", 1_500_000)
+    monkeypatch.setattr(image_decode, "MAX_REDUCED_PIXELS", 1_500_000)
     with pytest.raises(InputImageError, match=r"1600x1200 px \(1\.9 megapixels\), above the limit of 1\.5"):
         load_image(_jpeg(_marked_photo(1600, 1200)))
 

@@ -195,7 +195,7 @@ def test_bad_knobs_end_the_stream_with_the_option_named(server) -> None:
 
 def test_on_zerogpu_the_tab_is_a_notice_and_no_stream(monkeypatch, tiny_checkpoints) -> None:
     from sapiens2 import serving
-    from sapiens2.ui.handlers import Runner
+    from sapiens2.ui.page_runner import Runner
 
     monkeypatch.setattr(live_tab, "zero_gpu_enabled", lambda: True)
     with gr.Blocks() as demo:

@@ -30,7 +30,7 @@ from sapiens2.tasks import registry  # noqa: E402
 from sapiens2.tasks.options import Option  # noqa: E402
 from sapiens2.tasks.seg.seg_render import segmentation_legend_html  # noqa: E402
 from sapiens2.ui import arrival  # noqa: E402
-from sapiens2.ui.handlers import ErrorBoard, user_error  # noqa: E402
+from sapiens2.ui.error_board import ErrorBoard, user_error  # noqa: E402
 
 
 def test_the_run_info_leads_with_one_line_for_people() -> None:
@@ -124,7 +124,7 @@ def test_the_arrival_stamp_gives_the_wait_before_the_function() -> None:
 def test_the_failure_step_gives_one_value_per_output() -> None:
     """The ``.failure`` step's values: the run info alone (a public server, or a one-output event)
     or the run info, the operator's fold and its text (a local launch)."""
-    from sapiens2.ui.handlers import BOARD, shown_error
+    from sapiens2.ui.error_board import BOARD, shown_error
 
     visitor = SimpleNamespace(session_hash="s")
     for operator in (False, True):

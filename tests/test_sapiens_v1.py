@@ -142,7 +142,8 @@ def test_no_endpoint_takes_a_checkpoint_or_path(tiny_checkpoints) -> None:
     call names a size, never a file to load."""
     from sapiens2 import serving
     from sapiens2.tasks import registry
-    from sapiens2.ui.handlers import Runner, task_endpoint
+    from sapiens2.ui.endpoints import task_endpoint
+    from sapiens2.ui.page_runner import Runner
 
     manager = serving.ModelManager(device="cpu")
     for task in registry.all_tasks().values():
@@ -270,7 +271,7 @@ def test_a_server_runs_v1_files_given_by_the_operator(v1_dir: Path, tmp_path: Pa
 
 
 def test_out_of_memory_advice_stays_within_the_generation() -> None:
-    from sapiens2.serving.memory import out_of_memory
+    from sapiens2.serving.memory_errors import out_of_memory
 
     assert "(v1-0.3b, v1-0.6b)" in str(out_of_memory(zoo.get_task("normal"), "v1-1b"))
     assert "(0.4b, 0.8b)" in str(out_of_memory(zoo.get_task("normal"), "1b"))

@@ -22,7 +22,7 @@ from sapiens2.errors import InputVideoError, OptionError
 from sapiens2.inputs.intake import Intake
 from sapiens2.models.detector import Detections
 from sapiens2.video import TrackingOptions, VideoLimits, plan_video, run_video
-from sapiens2.video.clip_runner import OneCallPerFrame, staged
+from sapiens2.video.clip_steps import OneCallPerFrame, staged
 
 
 def grid_keypoints(box: np.ndarray) -> np.ndarray:
@@ -335,7 +335,7 @@ def test_real_tiny_pose_seg_and_matting_pipelines_run_on_a_clip(
 
 
 def test_no_sound_notice_only_for_clips_with_audio(tmp_path) -> None:
-    from sapiens2.video.clip_runner import has_audio
+    from sapiens2.video.clip_plan import has_audio
 
     silent = tmp_path / "silent.mp4"
     silent.write_bytes(b"\x00\x00\x00\x18ftypisom" + b"hdlr" + b"\x00" * 8 + b"vide" + b"\x00" * 64)

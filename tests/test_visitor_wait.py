@@ -26,7 +26,7 @@ from test_api_security import Server, seg_args, served_app  # noqa: E402
 
 from sapiens2 import serving  # noqa: E402
 from sapiens2.serving.present import PREVIEW_SIDE, Stages, preview, run_info, write_preview  # noqa: E402
-from sapiens2.ui import handlers  # noqa: E402
+from sapiens2.ui import error_board  # noqa: E402
 
 SERVER_STAGES = ["read", "load", "prepare", "device", "finish", "render", "downloads", "previews", "views"]
 #: the wait before the function starts: Gradio's queue and input processing (sapiens2/ui/arrival.py)
@@ -153,11 +153,11 @@ def test_all_tasks_status_carries_each_task_and_the_total(client: Client, photo:
 
 def test_a_notice_pops_up_once_and_stays_in_the_run_info(monkeypatch) -> None:
     shown: list[str] = []
-    monkeypatch.setattr(handlers.gr, "Warning", lambda text, **_: shown.append(text))
-    monkeypatch.setattr(handlers, "_TOLD", set())
+    monkeypatch.setattr(error_board.gr, "Warning", lambda text, **_: shown.append(text))
+    monkeypatch.setattr(error_board, "_TOLD", set())
     notice = "No person detector weights: pose uses the whole photo."
     for _ in range(3):
-        handlers.warn([notice])
+        error_board.warn([notice])
     assert shown == [notice]
     info = run_info(
         "Pose (1b model on the CPU)", Stages(), [notice], "pose 1b · cpu · float32 · model 0.10 s"

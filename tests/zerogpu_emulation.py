@@ -457,7 +457,7 @@ def scenario_app(tmp: Path, checkpoint: str) -> dict[str, Any]:
     from sapiens2.serving.device import Batch, OneTask
     from sapiens2.tasks import registry
     from sapiens2.ui import gpu
-    from sapiens2.ui.handlers import Runner
+    from sapiens2.ui.page_runner import Runner
     from sapiens2.zerogpu import entry as zerogpu
 
     manager = serving.ModelManager(
@@ -532,9 +532,10 @@ def scenario_quota(tmp: Path, checkpoints_json: str, policy: str, quota: str, *f
     api = DeviceApi(tmp / "device-api", int(quota), policy)
     install_device_api(api)
     import app
+
     small_network_inputs()
     from sapiens2 import serving
-    from sapiens2.ui.handlers import Runner
+    from sapiens2.ui.page_runner import Runner
     from sapiens2.ui.video_tab import VideoEndpoints
     from sapiens2.zerogpu import entry as zerogpu
 

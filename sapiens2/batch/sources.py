@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import InputImageError, OptionError
-from ..inputs.intake import DEFAULT_MAX_SIDE, IMAGE_EXTENSIONS, Intake, load_image, read_image_file
+from ..inputs.image_file import read_image_file
+from ..inputs.intake import DEFAULT_MAX_SIDE, IMAGE_EXTENSIONS, Intake, load_image
 from ..inputs.limits import MAX_FILE_BYTES
 from ..outputs.export import file_stem
 

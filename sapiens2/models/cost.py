@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..zerogpu.quota import DAILY_QUOTA_S, duration_factor
+from ..zerogpu.quota import DAILY_QUOTA_S, duration_factor, gpu_request
 from .zoo import ARCHS
 
 #: Seconds a fresh worker spends starting CUDA (and ZeroGPU's fork) before the first tensor moves.
@@ -122,6 +122,12 @@ def weight_bytes(sizes: Iterable[str | None]) -> int:
     return int(sum(2e9 * ARCHS[s].params_b for s in sizes if s in ARCHS))
 
 
+def resident_for(server_bytes: int, *own_sizes: Iterable[str | None]) -> int:
+    """The weights a call's fresh worker moves: the server's resident models, and at least the
+    call's own (``own_sizes``: the model sizes of each of its jobs, weighed per job)."""
+    return max(server_bytes, sum(weight_bytes(sizes) for sizes in own_sizes))
+
+
 def start_seconds(resident_bytes: int) -> float:
     """A fresh worker's start: CUDA, then moving ``resident_bytes`` of weights to the GPU."""
     return CUDA_INIT_S + resident_bytes / MOVE_BYTES_PER_S
@@ -133,6 +139,35 @@ def reservation(work_s: float, resident_bytes: int) -> int:
     [MIN_CALL_S, MAX_CALL_S]. Every GPU call of the app asks for this (ZeroGPU then multiplies
     it by its node's duration factor when it checks the visitor's quota)."""
     return clamp(start_seconds(resident_bytes) + max(0.0, float(work_s)))
+
+
+def photos_reservation(photos: Iterable[tuple[str, Work, int]], resident_bytes: int) -> int:
+    """The reservation of one call running photos: ``(size, work, images)`` per job."""
+    return reservation(
+        sum(photo_seconds(size, work) * images for size, work, images in photos), resident_bytes
+    )
+
+
+def frame_reservation(size: str, work: Work, resident_bytes: int) -> int:
+    """The reservation of one live camera frame's call (:func:`frame_seconds`)."""
+    return reservation(frame_seconds(size, work), resident_bytes)
+
+
+def detect_reservation(frames: int, resident_bytes: int) -> int:
+    """The reservation of one call detecting the people in ``frames`` frames."""
+    return reservation(detect_seconds(frames), resident_bytes)
+
+
+def within_quota(call_s: float, quota_s: int) -> bool:
+    """Whether a call reserving ``call_s`` seconds is charged at most ``quota_s`` of quota."""
+    return gpu_request(call_s).charged_s <= quota_s
+
+
+def call_fits(work_s: float, resident_bytes: int, quota_s: int | None = None) -> bool:
+    """Whether a call of ``work_s`` seconds of device work with ``resident_bytes`` to move fits
+    ``quota_s`` seconds of quota (None: the longest call a visitor can start, unrounded)."""
+    seconds = work_s + start_seconds(resident_bytes)
+    return seconds <= MAX_CALL_S if quota_s is None else within_quota(seconds, quota_s)
 
 
 def work_budget(resident_bytes: int, call_s: float = MAX_CALL_S) -> float:
@@ -150,3 +185,8 @@ def clamp(seconds: float) -> int:
 def cpu_frame_seconds(macs: float) -> float:
     """Seconds one frame takes on a CPU whose forwards do ``macs`` multiply-accumulates."""
     return macs / CPU_MACS_PER_S + CPU_FRAME_OVERHEAD_S
+
+
+def cpu_forward_seconds(macs: float) -> float:
+    """Seconds a CPU's forwards take for ``macs`` multiply-accumulates (no per-frame overhead)."""
+    return macs / CPU_MACS_PER_S

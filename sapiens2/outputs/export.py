@@ -165,11 +165,11 @@ def _cloud(points: Any, colors: Any) -> tuple[np.ndarray, np.ndarray | None]:
     return pts[keep], None if cols is None else cols[keep]
 
 
-def write_ply(path: str | Path, points: Any, colors: Any = None, *, writer: Writer = NOW) -> Path:
+def write_point_cloud_ply(path: str | Path, points: Any, colors: Any = None, *, writer: Writer = NOW) -> Path:
     """Binary little-endian PLY: float x, y, z (+ uchar red, green, blue, alpha = 255);
     non-finite points dropped."""
     pts, cols = _cloud(points, colors)
-    return writer.write(_prepare(path), lambda p: plyglb.write_ply(p, pts, cols))
+    return writer.write(_prepare(path), lambda p: plyglb.write_vertex_ply(p, pts, cols))
 
 
 def subsample(n: int, max_points: int) -> np.ndarray:
@@ -179,7 +179,7 @@ def subsample(n: int, max_points: int) -> np.ndarray:
     return np.sort(np.random.default_rng(0).choice(n, size=max_points, replace=False))
 
 
-def write_glb(
+def write_point_cloud_glb(
     path: str | Path,
     points: Any,
     colors: Any = None,
@@ -203,4 +203,4 @@ def write_glb(
     if len(idx) < len(pts):
         pts, cols = pts[idx], None if cols is None else cols[idx]
     flip = OPENCV_TO_GLTF if opencv_to_gltf else None
-    return writer.write(_prepare(path), lambda p: plyglb.write_glb(p, pts, cols, flip=flip))
+    return writer.write(_prepare(path), lambda p: plyglb.write_vertex_glb(p, pts, cols, flip=flip))

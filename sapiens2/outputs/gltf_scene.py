@@ -14,17 +14,10 @@ from typing import IO, Any
 
 import numpy as np
 
-from .plyglb import Block, write_glb_document
+from .plyglb import COMPONENT_TYPES, TRIANGLES, Block, write_glb_document
 
-_COMPONENT = {
-    np.dtype("float32"): 5126,
-    np.dtype("uint8"): 5121,
-    np.dtype("uint16"): 5123,
-    np.dtype("uint32"): 5125,
-}
 _TYPES = {1: "SCALAR", 2: "VEC2", 3: "VEC3", 4: "VEC4", 16: "MAT4"}
 ARRAY_BUFFER, ELEMENT_ARRAY_BUFFER = 34962, 34963
-TRIANGLES = 4
 #: KHR_materials_unlit: the vertex colours shown as they are, like the 2D drawing
 UNLIT_MATERIAL = {
     "pbrMetallicRoughness": {"baseColorFactor": [1, 1, 1, 1], "metallicFactor": 0, "roughnessFactor": 1},
@@ -63,7 +56,7 @@ class GltfBuilder:
         if a.ndim == 3:
             a = np.ascontiguousarray(a.transpose(0, 2, 1)).reshape(len(a), 16)
         a = np.ascontiguousarray(a.reshape(len(a), -1) if a.ndim > 1 else a[:, None])
-        if a.dtype not in _COMPONENT:
+        if a.dtype not in COMPONENT_TYPES:
             raise ValueError(f"glTF has no component type for {a.dtype}.")
         data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
         padded = data + b"\0" * (-len(data) % 4)
@@ -76,7 +69,7 @@ class GltfBuilder:
         views.append(view)
         acc: dict[str, Any] = {
             "bufferView": len(views) - 1,
-            "componentType": _COMPONENT[a.dtype],
+            "componentType": COMPONENT_TYPES[a.dtype],
             "count": int(len(a)),
             "type": _TYPES[a.shape[1]],
         }

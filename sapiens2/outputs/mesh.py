@@ -211,14 +211,16 @@ def write_mesh_glb(
     a triangle primitive without indices would draw its vertices as triangles."""
     flip = OPENCV_TO_GLTF if opencv_to_gltf else None
     return writer.write(
-        prepare(path), lambda p: plyglb.write_glb(p, mesh.vertices, mesh.colors, mesh.faces, flip=flip)
+        prepare(path), lambda p: plyglb.write_vertex_glb(p, mesh.vertices, mesh.colors, mesh.faces, flip=flip)
     )
 
 
 def write_mesh_ply(path: str | Path, mesh: GridMesh, *, writer: Writer = NOW) -> Path:
     """Binary little-endian PLY in the camera frame (as the point-cloud PLY): float x, y, z,
     uchar red, green, blue, alpha per vertex; a face list of vertex indices."""
-    return writer.write(prepare(path), lambda p: plyglb.write_ply(p, mesh.vertices, mesh.colors, mesh.faces))
+    return writer.write(
+        prepare(path), lambda p: plyglb.write_vertex_ply(p, mesh.vertices, mesh.colors, mesh.faces)
+    )
 
 
 __all__ = [

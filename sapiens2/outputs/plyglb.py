@@ -2,10 +2,10 @@
 
 Both formats are a short header followed by the arrays as they lie in memory, so the arrays are
 written straight to the file in bounded chunks: no intermediate copy of the whole file, no
-hashing. A 12 MP photo's mesh (up to 12 M vertices and 24 M faces, ~0.5 GB per file) is written
-10 to 17x faster than through ``trimesh`` (docs/PERFORMANCE.md), whose exporters hash every array
-for their caches and assemble the whole file in memory two or three times over. ``trimesh``
-stays the reader the tests check these files with.
+hashing (``trimesh``'s exporters hash every array and assemble the file in memory: the figures
+are in docs/PERFORMANCE.md). ``trimesh`` stays the reader the tests check these files with.
+:func:`write_vertex_ply` and :func:`write_vertex_glb` take vertices with optional faces: a point
+cloud, or a mesh.
 
 PLY: ``binary_little_endian 1.0``; per vertex ``float x, y, z`` (+ ``uchar red, green, blue,
 alpha``, alpha 255) and, for a mesh, ``list uchar int vertex_indices`` per face.
@@ -29,8 +29,15 @@ CHUNK_ROWS = 1 << 20
 
 _GLB_MAGIC, _GLB_VERSION = 0x46546C67, 2  # b"glTF", glTF 2.0
 _JSON_CHUNK, _BIN_CHUNK = 0x4E4F534A, 0x004E4942  # b"JSON", b"BIN\0"
-_FLOAT, _UBYTE, _UINT = 5126, 5121, 5125  # glTF componentType
-_POINTS, _TRIANGLES = 0, 4  # glTF primitive mode
+#: glTF's componentType of each array dtype
+COMPONENT_TYPES = {
+    np.dtype("float32"): 5126,
+    np.dtype("uint8"): 5121,
+    np.dtype("uint16"): 5123,
+    np.dtype("uint32"): 5125,
+}
+_FLOAT, _UBYTE, _UINT = (COMPONENT_TYPES[np.dtype(t)] for t in ("float32", "uint8", "uint32"))
+POINTS, TRIANGLES = 0, 4  # glTF primitive mode
 _GENERATOR = "sapiens2"
 #: the material of a POINTS primitive, as the point-cloud GLB has always carried it (white, not
 #: metallic): viewers show the points in their vertex colours
@@ -67,7 +74,7 @@ def _write_rows(out: IO[bytes], n: int, dtype: np.dtype, fill: Callable[[np.ndar
         out.write(memoryview(rows).cast("B"))
 
 
-def write_ply(path: str | Path, vertices: Any, colors: Any = None, faces: Any = None) -> Path:
+def write_vertex_ply(path: str | Path, vertices: Any, colors: Any = None, faces: Any = None) -> Path:
     """Binary little-endian PLY of ``vertices`` (N, 3) float32, optional ``colors`` (N, 3) uint8
     (written RGBA, alpha 255) and optional ``faces`` (F, 3) vertex indices (a face element, even
     when F is 0; none when ``faces`` is None)."""
@@ -108,7 +115,7 @@ def _pad4(n: int) -> int:
 Block = tuple[int, Callable[[IO[bytes]], None]]
 
 
-def write_glb(
+def write_vertex_glb(
     path: str | Path,
     vertices: Any,
     colors: Any = None,
@@ -144,7 +151,7 @@ def _glb_mesh(
 ) -> tuple[dict[str, Any], list[Block]]:
     """The glTF entries of the one mesh (accessor i reads bufferView i) and the blocks they read."""
     parts: list[tuple[dict[str, Any], Block]] = []
-    primitive: dict[str, Any] = {"attributes": {}, "mode": _POINTS if f is None else _TRIANGLES}
+    primitive: dict[str, Any] = {"attributes": {}, "mode": POINTS if f is None else TRIANGLES}
     if f is not None:
         primitive["indices"] = len(parts)
         parts.append(_index_part(f))
@@ -226,4 +233,14 @@ def write_glb_document(path: str | Path, gltf: dict[str, Any], blocks: list[Bloc
     return path
 
 
-__all__ = ["CHUNK_ROWS", "POINTS_MATERIAL", "Block", "write_glb", "write_glb_document", "write_ply"]
+__all__ = [
+    "CHUNK_ROWS",
+    "COMPONENT_TYPES",
+    "POINTS",
+    "POINTS_MATERIAL",
+    "TRIANGLES",
+    "Block",
+    "write_glb_document",
+    "write_vertex_glb",
+    "write_vertex_ply",
+]

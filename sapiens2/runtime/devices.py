@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 
@@ -17,4 +19,12 @@ def canonical_device(device: torch.device | str | None) -> torch.device:
     return torch.device("cuda", 0) if dev.type == "cuda" and dev.index is None else dev
 
 
-__all__ = ["canonical_device", "default_device"]
+def free_accelerator_memory() -> None:
+    """Collect garbage and empty torch's CUDA cache, where CUDA runs in this process."""
+    gc.collect()
+    # Only when CUDA really runs in this process (under ZeroGPU the main process only emulates it).
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+__all__ = ["canonical_device", "default_device", "free_accelerator_memory"]

@@ -48,4 +48,16 @@ def configure_cpu_threads() -> int:
         return torch.get_num_threads()
 
 
-__all__ = ["configure_cpu_threads", "openmp_function"]
+def release_cpu_threads() -> None:
+    """Let the calling thread's OpenMP worker threads go (torch's CPU ops start them on first use);
+    nothing where no OpenMP runtime offers ``omp_pause_resource_all``.
+
+    Teams left alive on a server's many request threads outnumber the CPUs, and GNU OpenMP then
+    puts idle workers to sleep after every op (docs/PERFORMANCE.md, "Threads and pages").
+    """
+    pause = openmp_function("omp_pause_resource_all")
+    if pause is not None:
+        pause(1)  # omp_pause_soft: the calling thread's thread pool only (none in a parallel region)
+
+
+__all__ = ["configure_cpu_threads", "openmp_function", "release_cpu_threads"]

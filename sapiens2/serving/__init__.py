@@ -7,19 +7,21 @@ Nothing here imports Gradio, and nothing names a task: a request arrives with it
     shown = runner.run(task, photo, "1b", threshold=0.4)  # read, check, load, prepare,
                                                           # infer (one device call), finish, present
 
-Modules: ``cache`` (the model cache and residency), ``runner`` (one request, any task),
+Modules: ``cache`` (the model cache and residency), ``request_runner`` (one request, any task),
 ``device`` (the typed units of device work: a task's batch, "All tasks", a clip), ``video``
-(a clip in one device call, its plan and estimates), ``present`` (result -> rendering, files,
-views), ``on_demand`` (files made only when asked), ``memory`` (heap/accelerator memory,
-out-of-memory errors), ``folders`` (per-request output folders). What a call costs is
-``sapiens2.models.cost``'s.
+(a clip in one device call, its plan and estimates), ``live`` (a camera's frames), ``present``
+(result -> rendering, files, views, stage totals), ``on_demand`` (files made only when asked),
+``memory_errors`` (out-of-memory errors and the one trim after them), ``folders`` (per-request
+output folders). What a call costs is ``sapiens2.models.cost``'s.
 """
 
 from __future__ import annotations
 
+from ..runtime.heap import release_memory
+from ..runtime.threads import release_cpu_threads
 from .cache import DEFAULT_MAX_MODELS, ModelManager
 from .folders import RequestFolders
-from .memory import is_out_of_memory, release_cpu_threads, release_memory
+from .memory_errors import is_out_of_memory, trim_after_out_of_memory
 from .present import Presented, present
 from .request_runner import RequestRunner
 
@@ -33,4 +35,5 @@ __all__ = [
     "present",
     "release_cpu_threads",
     "release_memory",
+    "trim_after_out_of_memory",
 ]

@@ -23,13 +23,12 @@ from ..errors import OptionError, ResidencyError, Sapiens2Error
 from ..models.checkpoints import Checkpoints
 from ..models.onnx_cache import check_runtime
 from ..models.zoo import is_v1
-from ..runtime.devices import default_device
+from ..runtime.devices import default_device, free_accelerator_memory
 from ..tasks import registry
 from ..tasks.registry import Task
 from ..zerogpu.entry import cuda_emulation
 from ..zerogpu.loadguard import check_loading_allowed
 from ..zerogpu.quota import model_bytes
-from .memory import free_accelerator_memory
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..tasks.registry import Task
-from ..video.clip_runner import ClipStopped
+from ..video.clip_steps import ClipStopped
 from .device import READY, Batch, Clip, Detect, Device, Feed, Job, Stopped
 
 
 class ClipCall:
     """One GPU call (one admission) for a clip's device work; :meth:`steps` gives each task's
-    :class:`~sapiens2.video.clip_runner.Steps`."""
+    :class:`~sapiens2.video.clip_steps.Steps`."""
 
     def __init__(self, device: Device, tasks: tuple[str, ...], seconds: int, budget_s: float | None) -> None:
         self.device, self.tasks, self.seconds, self.budget_s = device, tasks, seconds, budget_s
@@ -97,7 +97,7 @@ class ClipCall:
 
 
 class TaskSteps:
-    """One task's device steps in a :class:`ClipCall` (``sapiens2.video.clip_runner.Steps``), and
+    """One task's device steps in a :class:`ClipCall` (``sapiens2.video.clip_steps.Steps``), and
     its detections (``detect_many``, the pose handler's batch hook)."""
 
     def __init__(self, call: ClipCall, task: Task, size: str) -> None:

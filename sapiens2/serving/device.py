@@ -25,10 +25,10 @@ from typing import Any
 
 from ..errors import OptionError, Sapiens2Error
 from ..tasks.registry import Task
-from ..video.clip_runner import budget_stop
+from ..video.clip_steps import budget_stop
 from ..zerogpu.loadguard import loading_forbidden
 from .cache import ModelManager
-from .memory import is_out_of_memory, out_of_memory
+from .memory_errors import out_of_memory, trim_after_out_of_memory
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,8 @@ class Batch:
             try:
                 return list(pipe.infer(list(self.preps), **self.options))
             except Exception as err:
-                if isinstance(err, Sapiens2Error) or not is_out_of_memory(err):
+                if isinstance(err, Sapiens2Error) or not trim_after_out_of_memory(manager, err):
                     raise
-                manager.trim()
                 raise out_of_memory(self.task.spec, self.size) from err
 
 

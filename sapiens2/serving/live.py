@@ -1,51 +1,24 @@
 """Live: a camera's frames through a task, one at a time, always the newest.
 
-A :class:`LiveSession` is one viewer's stream. Per frame (:meth:`LiveSession.step`): load the
-models here (``ModelManager.prepare``, a cache hit after the first frame), prepare, the device
-step, finish, then render the way the task's video declaration says (``Task.video.handler``):
-
-* ``tracks`` (pose): the person detector every K-th frame, the tracker's boxes in between, the
-  keypoints smoothed along each track (:class:`sapiens2.video.people.PoseTracking`, the same
-  state a clip uses), drawn with ``#id`` labels;
-* ``depth`` (pointmap): turbo on one colour scale that follows the frames slowly
-  (:class:`sapiens2.video.depth.DepthScale`) instead of re-stretching every frame;
-* ``frames`` (body parts, normals, matting, albedo): the result's own rendering with the task's
-  rendering options (matting: the background colour or picture, a live virtual background).
-
-**Never a backlog.** Only the newest frame is ever waiting: :class:`LatestFrame` is a mailbox of
-one, where a frame that arrives before the previous one was taken replaces it and is counted as
-dropped. :meth:`LiveSession.run` serves a :class:`LatestFrame` until it is closed (the library's
-and ``bench/live.py``'s loop); in the app, Gradio's streaming event is the mailbox (a frame posted
-while the handler runs replaces the pending one: ``gradio/routes.py``, ``/stream/{event_id}``)
-and the page counts what it replaced (``sapiens2.ui.live_tab``). Either way the latency of a
-frame is at most the time of the frame before it plus its own, however slow the model is.
-
-**The device step** is the server's :data:`~sapiens2.serving.device.Device` running units of
-device work like any request: each frame's forward is a :class:`~sapiens2.serving.device.OneTask`
-of a ``Batch``, pose's person detection (every K-th frame) one of a ``Detect``, each priced
-by :mod:`sapiens2.models.cost` (:func:`~sapiens2.models.cost.frame_seconds`). In the app that is
-the one GPU entry; the tab is a notice on ZeroGPU, where a unit per frame is an admission per
-frame (docs/LIVE.md).
-
-**Speed knobs.** The model size (default :data:`LIVE_SIZE` where the task offers it), the network
-input (:data:`INPUTS`: the release's, or a smaller one that is not what the weights were trained
-on, said in its label), and flip test off (the task's default on a CPU; pose's flip test doubles
-its forward). Nothing here imports Gradio.
+A :class:`LiveSession` is one viewer's stream: per frame it loads the models (a cache hit after
+the first), prepares, runs the device step, finishes and renders the way the task's video
+declaration says (pose: tracked and smoothed people; pointmap: depth on a slowly following
+colour scale; the others: the result's own rendering). Only the newest frame ever waits
+(:class:`~sapiens2.serving.live_stream.LatestFrame`), so a frame's latency is at most the time
+of the frame before it plus its own. The device step is the server's
+:data:`~sapiens2.serving.device.Device`, each unit priced by :mod:`sapiens2.models.cost`.
+docs/LIVE.md has the knobs and the figures. Nothing here imports Gradio.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import cv2
 import numpy as np
 
-from ..errors import OptionError
 from ..inputs.intake import load_image
 from ..models import cost
 from ..models.zoo import ARCHS
@@ -53,207 +26,24 @@ from ..tasks.base import finish_batch, prepare_batch
 from ..tasks.registry import Task
 from ..video.depth import DepthScale, foreground_depth, render_depth_frame
 from ..video.frame_handlers import HANDLERS, DepthFrames, PoseFrames
-from ..video.people import FramePeople, PoseTracking, TrackingOptions, draw_people
+from ..video.people import FramePeople, PoseTracking, draw_people
 from .cache import ModelManager
 from .device import Batch, Detect, Device, OneTask, local_device
 from .frame_cost import frame_macs, served_frame_macs
+from .live_setup import (
+    INPUTS,
+    LIVE_SIZE,
+    MAX_SIDE,
+    RESTART_AFTER_S,
+    LiveOptions,
+    LiveSetup,
+    input_label,
+    live_setup,
+    live_size,
+)
+from .live_stream import LatestFrame, LiveFrame, LiveStats
 from .present import Stages
 from .request_runner import model_sizes
-
-#: The model size a live view starts with where the task offers it (else the task's default).
-LIVE_SIZE = "0.4b"
-#: The network inputs offered: key -> (H, W), None = the checkpoint's own (the release's
-#: 1024x768). The others run faster but are not what the weights were trained on.
-INPUTS: dict[str, tuple[int, int] | None] = {"release": None, "768x576": (768, 576), "512x384": (512, 384)}
-#: Frames with a longer side are downscaled first (INTER_AREA): a webcam's 1080p gains nothing.
-MAX_SIDE = 1280
-#: A frame arriving this long after the previous one was rendered starts the stream afresh (tracks,
-#: colour scale, figures): the camera was stopped and started again.
-RESTART_AFTER_S = 3.0
-#: Frames the readout's rates and percentiles are taken over.
-WINDOW = 30
-
-
-def input_label(key: str) -> str:
-    """How the knob names an input: the release's, or faster and not the release's."""
-    hw = INPUTS.get(key)
-    if hw is None:
-        return "1024x768 (the release's input)"
-    return f"{hw[0]}x{hw[1]} (faster; not the release's input)"
-
-
-@dataclass(frozen=True)
-class LiveOptions:
-    """What a viewer chose. ``task``: a task that declares ``video`` (looked up by the caller);
-    ``size``: None = :data:`LIVE_SIZE` where offered; ``input``: a key of :data:`INPUTS`;
-    ``task_options``: the task's own options (e.g. matting's ``background_color`` or
-    ``background_image``, pointmap's ``use_segmentation``), checked against its declaration;
-    names the task does not declare are left out (one viewer's knobs serve every task);
-    ``tracking``: pose over time."""
-
-    task: Task
-    size: str | None = None
-    input: str = "release"
-    flip_test: bool = False
-    task_options: Mapping[str, Any] = field(default_factory=dict)
-    tracking: TrackingOptions = TrackingOptions()
-
-
-class LatestFrame:
-    """A mailbox of one frame: :meth:`put` replaces a frame nobody took yet (counted in
-    ``dropped``), :meth:`take` waits for the newest. Thread-safe; :meth:`close` ends a waiting
-    :meth:`take` (it then returns None)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._item: tuple[np.ndarray, float] | None = None
-        self._closed = False
-        self.put_count = 0
-        self.dropped = 0
-
-    def put(self, frame: np.ndarray, at: float | None = None) -> None:
-        """Offer ``frame`` (captured at ``at``, ``time.perf_counter()`` seconds; default now)."""
-        with self._cond:
-            if self._item is not None:
-                self.dropped += 1
-            self._item = (frame, time.perf_counter() if at is None else float(at))
-            self.put_count += 1
-            self._cond.notify()
-
-    def take(self, timeout: float | None = None) -> tuple[np.ndarray, float] | None:
-        """The newest frame and its capture time, or None when closed or after ``timeout`` s."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._item is not None or self._closed, timeout)
-            item, self._item = self._item, None
-            return item
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-
-def _percentile(values: deque[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
-
-
-class LiveStats:
-    """What the readout says: frames done and dropped since the stream (re)started, and over the
-    last :data:`WINDOW` frames the rate, the latency (capture to rendered), the model's share and
-    the rest (``overhead``: everything but the forward)."""
-
-    def __init__(self, window: int = WINDOW) -> None:
-        self.frames = 0
-        self.dropped = 0
-        self.done_at: deque[float] = deque(maxlen=window)
-        self.latency_ms: deque[float] = deque(maxlen=window)
-        self.model_ms: deque[float] = deque(maxlen=window)
-        self.overhead_ms: deque[float] = deque(maxlen=window)
-
-    def add(self, done_at: float, latency_s: float, model_s: float, step_s: float, dropped: int) -> None:
-        self.frames += 1
-        self.dropped = max(0, self.dropped + int(dropped))  # a caller may correct an early count (-1)
-        self.done_at.append(done_at)
-        self.latency_ms.append(1e3 * latency_s)
-        self.model_ms.append(1e3 * model_s)
-        self.overhead_ms.append(1e3 * max(0.0, step_s - model_s))
-
-    @property
-    def fps(self) -> float:
-        """Frames per second over the window (NaN before two frames)."""
-        if len(self.done_at) < 2 or self.done_at[-1] <= self.done_at[0]:
-            return float("nan")
-        return (len(self.done_at) - 1) / (self.done_at[-1] - self.done_at[0])
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-friendly figures over the window, for a caller to log or store (docs/LIVE.md)."""
-        return {
-            "frames": self.frames,
-            "dropped": self.dropped,
-            "fps": round(self.fps, 3),
-            "model_ms_p50": round(_percentile(self.model_ms, 50), 2),
-            "overhead_ms_p50": round(_percentile(self.overhead_ms, 50), 2),
-            "latency_ms_p50": round(_percentile(self.latency_ms, 50), 2),
-            "latency_ms_p95": round(_percentile(self.latency_ms, 95), 2),
-        }
-
-    def line(self) -> str:
-        fps = self.fps
-        rate = "-" if fps != fps else f"{fps:.1f}"
-        return (
-            f"{rate} frames/s · latency {_percentile(self.latency_ms, 50):.0f} ms "
-            f"(p95 {_percentile(self.latency_ms, 95):.0f}) · model {_percentile(self.model_ms, 50):.0f} ms · "
-            f"{self.frames} frames, {self.dropped} dropped"
-        )
-
-
-@dataclass
-class LiveFrame:
-    """One rendered frame and the readout after it."""
-
-    image: np.ndarray  # (H, W, 3) uint8 RGB
-    readout: str
-    model_s: float  # the forwards' time of this frame
-    step_s: float  # this frame's time in :meth:`LiveSession.step`
-    latency_s: float  # capture (or arrival) to rendered
-    stages: dict[str, float] = field(default_factory=dict)  # seconds: decode, load, people, prepare, ...
-
-
-@dataclass
-class _Setup:
-    """What a choice of options resolves to (kept until the options change)."""
-
-    key: tuple[Any, ...]
-    decl: Task
-    size: str
-    size_label: str
-    hw: tuple[int, int] | None
-    input_note: str
-    infer_opts: dict[str, Any]
-    render_opts: dict[str, Any]  # every rendering option, defaults filled in
-    given: dict[str, Any]  # the rendering options the viewer gave
-    seconds: int = 0  # what a frame's call reserves (models/cost.py); 0: not priced yet
-    detect_seconds: int = 0  # what a detection call reserves
-    people: PoseTracking | None = None
-    scale: DepthScale | None = None
-
-
-def live_size(manager: ModelManager, task: Task, size: str | None = None) -> str:
-    """The model size a live view of ``task`` runs: ``size`` when given (checked; OptionError
-    names the sizes), else :data:`LIVE_SIZE` where the task offers it, else the task's default."""
-    if not size:
-        size = LIVE_SIZE if LIVE_SIZE in manager.sizes(task) else None
-    return manager.resolve_size(task, size)
-
-
-def live_setup(manager: ModelManager, options: LiveOptions) -> _Setup:
-    """Check ``options`` (OptionError naming the bad one) into what a frame needs, not yet priced
-    (:meth:`LiveSession.step` prices it once its models are loaded)."""
-    decl = options.task
-    if not isinstance(decl, Task) or decl.video is None:
-        names = ", ".join(t.name for t in manager.video_tasks().values())
-        raise OptionError(f"Live runs the tasks {names}; got {getattr(decl, 'name', decl)!r}.")
-    if options.input not in INPUTS:
-        raise OptionError(f"The live input must be one of {', '.join(INPUTS)}; got {options.input!r}.")
-    if not isinstance(options.flip_test, bool):
-        raise OptionError(f"flip_test must be true or false; got {options.flip_test!r}.")
-    size = live_size(manager, decl, options.size)
-    declared = {o.name for o in decl.options}
-    values = {k: v for k, v in options.task_options.items() if v is not None and k in declared}
-    if "flip_test" in declared:
-        values["flip_test"] = options.flip_test
-    infer_opts, render_opts = decl.split(values, gpu=manager.cuda)
-    hw, note = INPUTS[options.input], input_label(options.input)
-    if hw is not None and getattr(decl.pipeline, "fixed_input", False):
-        hw, note = None, f"1024x768 ({decl.tab} runs only at the release's input)"
-    key = (decl, size, hw, infer_opts.get("flip_test"), options.tracking)
-    given = {k: render_opts[k] for k in values if k in render_opts}
-    label = manager.key(decl, size)[1]
-    return _Setup(key, decl, size, label, hw, note, infer_opts, render_opts, given)
 
 
 class LiveSession:
@@ -271,22 +61,22 @@ class LiveSession:
         self.device = device or local_device(manager)
         self.clock = clock
         self.stats = LiveStats()
-        self._setup: _Setup | None = None
+        self._setup: LiveSetup | None = None
         self._k = 0  # frames processed with this setup
         self._last_done: float | None = None  # when the previous frame was rendered
         self._args: tuple[str, dict[str, Any]] | None = None
 
     # -- options ---------------------------------------------------------------------------
 
-    def _price(self, setup: _Setup) -> _Setup:
+    def _price(self, setup: LiveSetup) -> LiveSetup:
         """The reservations of the setup's device calls (:mod:`sapiens2.models.cost`). They walk
         the resident models' weights (a millisecond a frame), so a stream prices each choice once,
         with its models loaded (:meth:`step`), and keeps the prices while the choice stands."""
         setup.seconds = frame_seconds(self.manager, setup.decl, setup.size, setup.infer_opts)
-        setup.detect_seconds = cost.reservation(cost.detect_seconds(1), self.manager.resident_bytes())
+        setup.detect_seconds = cost.detect_reservation(1, self.manager.resident_bytes())
         return setup
 
-    def _configure(self, options: LiveOptions, at: float) -> _Setup:
+    def _configure(self, options: LiveOptions, at: float) -> LiveSetup:
         setup = live_setup(self.manager, options)
         restart = self._last_done is not None and at - self._last_done > RESTART_AFTER_S
         if self._setup is None or setup.key != self._setup.key or restart:
@@ -351,7 +141,7 @@ class LiveSession:
     def _infer(
         self,
         pipe: Any,
-        setup: _Setup,
+        setup: LiveSetup,
         intake: Any,
         opts: dict[str, Any],
         people: FramePeople | None,
@@ -370,7 +160,7 @@ class LiveSession:
             [result] = finish_batch(pipe, raws, [intake], opts, extra)
         return result
 
-    def _people(self, setup: _Setup, rgb: np.ndarray) -> FramePeople | None:
+    def _people(self, setup: LiveSetup, rgb: np.ndarray) -> FramePeople | None:
         """Pose: the people of this frame (the detector's every K-th frame, one
         :class:`~sapiens2.serving.device.Detect` in a ``OneTask`` unit; else the tracks')."""
         if setup.people is None:
@@ -382,7 +172,7 @@ class LiveSession:
         return setup.people.people(self._k, rgb, found)
 
     def _render(
-        self, setup: _Setup, rgb: np.ndarray, result: Any, people: FramePeople | None, at: float
+        self, setup: LiveSetup, rgb: np.ndarray, result: Any, people: FramePeople | None, at: float
     ) -> np.ndarray:
         if setup.people is not None and people is not None:
             kp = np.zeros((0, 308, 2), np.float32) if result is None else result.keypoints
@@ -395,7 +185,7 @@ class LiveSession:
             return render_depth_frame(depth, setup.scale.update(depth, at))
         return result.render(**self._render_args(setup))
 
-    def _render_args(self, setup: _Setup) -> dict[str, Any]:
+    def _render_args(self, setup: LiveSetup) -> dict[str, Any]:
         """The result's ``render`` keywords, made once per choice (a background picture is read
         once, not every frame)."""
         key = repr(sorted(setup.render_opts.items()))
@@ -449,8 +239,8 @@ def frame_seconds(manager: ModelManager, task: Task, size: str, infer_opts: dict
     """What one frame's device call reserves: :func:`sapiens2.models.cost.reservation` of the
     frame's work (:func:`~sapiens2.models.cost.frame_seconds`) with at least its own models
     resident (the models it borrows at their default size where ``size`` is not theirs)."""
-    resident = max(manager.resident_bytes(), cost.weight_bytes(model_sizes(task, size, infer_opts)))
-    return cost.reservation(cost.frame_seconds(size, task.work(infer_opts)), resident)
+    resident = cost.resident_for(manager.resident_bytes(), model_sizes(task, size, infer_opts))
+    return cost.frame_reservation(size, task.work(infer_opts), resident)
 
 
 def cpu_seconds_per_frame(
@@ -472,7 +262,7 @@ def cpu_seconds_per_frame(
         macs, _ = served_frame_macs(manager, task, size, opts, hw)
     else:
         macs = frame_macs(task, size, opts, hw) if size in ARCHS else None
-    return None if macs is None else macs / cost.CPU_MACS_PER_S
+    return None if macs is None else cost.cpu_forward_seconds(macs)
 
 
 __all__ = [

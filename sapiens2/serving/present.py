@@ -107,6 +107,29 @@ def run_info(
     return "\n".join([first, f"Seconds: {stages.breakdown()}", *([details] if details else [])])
 
 
+def queued_stages(seconds: Mapping[str, float], queued: float | None) -> Stages:
+    """A request's stages after the time it waited before its function started (``queue``), when known."""
+    stages = Stages()
+    if queued is not None:
+        stages.add("queue", queued)
+    for name, spent in seconds.items():
+        stages.add(name, spent)
+    return stages
+
+
+def all_tasks_stages(done: Sequence[tuple[str, Stages]], queued: float | None, elapsed: float) -> Stages:
+    """The stages of every task on one photo: ``queue``, the photo's ``read`` (once: it was read
+    once for every task), each task's own seconds under its label, and ``other``: what the
+    request's ``elapsed`` seconds since its function started leave."""
+    stages = queued_stages({}, queued)
+    read = min((s.seconds.get("read", 0.0) for _, s in done), default=0.0)
+    stages.add("read", read)
+    for label, spent in done:
+        stages.add(label, spent.total() - read)
+    stages.add("other", max(0.0, elapsed - stages.total() + (queued or 0.0)))
+    return stages
+
+
 def clip_info(
     what: str,
     timing: Mapping[str, float],

@@ -26,11 +26,12 @@ from ..inputs.intake import Intake
 from ..models import cost
 from ..tasks.base import finish_batch, prepare_batch
 from ..tasks.registry import OnDemand, Task
-from ..zerogpu.quota import cost_notice, gpu_request
+from ..zerogpu.quota import cost_notice
 from . import on_demand
 from .cache import ModelManager
 from .device import AllTasks, Batch, Device, OneTask, local_device
 from .folders import RequestFolders
+from .memory_errors import trim_after_out_of_memory
 from .present import Presented, Stages, present, run_info, what_ran
 
 log = logging.getLogger(__name__)
@@ -83,9 +84,10 @@ def model_sizes(task: Task, size: str, infer_opts: Mapping[str, Any]) -> list[st
 def call_seconds(jobs: Sequence[Job], resident_bytes: int) -> int:
     """The GPU seconds one call running ``jobs`` reserves: a fresh worker's start with everything
     resident (at least the jobs' own models), plus each photo's work (``sapiens2.models.cost``)."""
-    own = sum(cost.weight_bytes(j.batch_sizes) for j in jobs)
-    work = sum(cost.photo_seconds(j.size, j.task.work(j.infer_opts)) * len(j.intakes) for j in jobs)
-    return cost.reservation(work, max(resident_bytes, own))
+    resident = cost.resident_for(resident_bytes, *(j.batch_sizes for j in jobs))
+    return cost.photos_reservation(
+        ((j.size, j.task.work(j.infer_opts), len(j.intakes)) for j in jobs), resident
+    )
 
 
 class RequestRunner:
@@ -158,8 +160,10 @@ class RequestRunner:
             try:
                 with stages.timed("device"):
                     [raws] = list(self.device(unit))
-            except OutOfMemoryError:
-                self.manager.trim()  # a ZeroGPU worker trimmed its own copy; this process holds one too
+            except OutOfMemoryError as err:
+                trim_after_out_of_memory(
+                    self.manager, err
+                )  # a GPU worker trimmed its own copy; so does this one
                 raise
         with stages.timed("finish"):
             out = finish_batch(pipe, raws, job.intakes, opts)
@@ -282,8 +286,8 @@ class RequestRunner:
                 if i + 1 < len(names):
                     ready[names[i + 1]][0].stages.starting("device")
                 arrived = time.perf_counter()
-        except OutOfMemoryError:
-            self.manager.trim()
+        except OutOfMemoryError as err:
+            trim_after_out_of_memory(self.manager, err)
             raise
         except GpuUnavailableError as err:
             todo = {t: v for t, v in ready.items() if t not in out}
@@ -306,7 +310,7 @@ class RequestRunner:
         fits: dict[str, tuple[Job, Any, list[Any]]] = {}
         for task, value in todo.items():
             trial = [v[0] for v in fits.values()] + [value[0]]
-            if gpu_request(self.seconds(*trial)).charged_s > err.left_s:
+            if not cost.within_quota(self.seconds(*trial), err.left_s):
                 break
             fits[task] = value
         return fits

@@ -37,8 +37,9 @@ def photos_that_fit(runner: RequestRunner, task: Task, size: str | None, options
     call a visitor can start (``cost.MAX_CALL_S``), at most :data:`MAX_SET_PHOTOS`."""
     size = runner.manager.resolve_size(task, size)
     infer, _ = task.split(options, gpu=runner.manager.cuda)
-    own = cost.weight_bytes(model_sizes(task, size, infer))
-    budget = cost.work_budget(max(runner.manager.resident_bytes(), own))
+    budget = cost.work_budget(
+        cost.resident_for(runner.manager.resident_bytes(), model_sizes(task, size, infer))
+    )
     per_photo = cost.photo_seconds(size, task.work(infer))
     return max(0, min(MAX_SET_PHOTOS, int(budget // per_photo) - 1))
 

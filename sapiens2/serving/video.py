@@ -1,17 +1,13 @@
-"""Video requests for a server: a clip through a task in ONE device call (one GPU admission).
+"""Video requests for a server: a clip through a task with ONE device call (one GPU admission).
 
-The clip is read, checked and planned here and the models are loaded here
-(``ModelManager.prepare``); then one device call runs the whole clip where the models are
-(decode, person detection and tracking for a task with a detection hook, the batch forwards, rendering, writing), yielding
-its progress per batch and then the result. On ZeroGPU that call is one admission with one
-reservation (:func:`sapiens2.models.cost.reservation`), so a clip can no longer be refused
-halfway for lack of quota; a plan that would not fit a visitor without an account is reduced
-up front (a larger stride, then fewer frames) and the page says so; a refusal for quota runs the
-frames that fit in the seconds left, and a device failure partway keeps the frames done.
-
-Before a run, :meth:`VideoRequests.estimate` says what it will cost: the GPU seconds the call will
-request, or the time on a CPU from the model's size and a CPU rate (``sapiens2.models.cost``),
-replaced by this server's own measurement once it has run a clip.
+The clip is checked and planned here and its models loaded here. This process decodes, prepares,
+finishes, renders and writes the clip (:class:`~sapiens2.video.clip_runner.ClipRun`); only the
+batch forwards and pose's person detections go to the one device call
+(:class:`~sapiens2.serving.clip_call.ClipCall`), whose reservation :mod:`sapiens2.models.cost`
+prices. A plan that would not fit a visitor's quota is reduced up front (a larger stride, then
+fewer frames) and the page says so; a refusal for quota runs the frames that fit the seconds left,
+and a device failure partway keeps the frames done. :meth:`VideoRequests.estimate` says first what
+a run will cost: the GPU seconds requested, or the time on a CPU.
 """
 
 from __future__ import annotations
@@ -26,7 +22,8 @@ from typing import Any
 from ..errors import GpuUnavailableError, InputVideoError, OptionError
 from ..models import cost
 from ..tasks.registry import Task, Video
-from ..video.clip_runner import ClipRun, VideoPlan, VideoResult, clip_run, plan_video
+from ..video.clip_plan import VideoPlan, VideoResult, plan_video
+from ..video.clip_runner import ClipRun, clip_run
 from ..video.frame_handlers import TrackingOptions, handler_class
 from ..video.reader import VideoLimits
 from ..zerogpu.quota import cost_notice, gpu_request
@@ -190,10 +187,7 @@ class VideoRequests:
 
     def _fits(self, job: VideoJob, frames: int, quota_s: int | None, also: tuple[VideoJob, ...] = ()) -> bool:
         jobs = (job, *also)
-        seconds = sum(self.clip_work(j, frames) for j in jobs) + cost.start_seconds(self._resident(*jobs))
-        if quota_s is None:
-            return seconds <= cost.MAX_CALL_S
-        return gpu_request(seconds).charged_s <= quota_s
+        return cost.call_fits(sum(self.clip_work(j, frames) for j in jobs), self._resident(*jobs), quota_s)
 
     def request_limits(self, max_frames: int | None) -> VideoLimits:
         """The server's limits, with ``max_frames`` lowered to the caller's when given."""
@@ -208,7 +202,7 @@ class VideoRequests:
 
     def _resident(self, *jobs: VideoJob) -> int:
         sizes = [s for j in jobs for s in model_sizes(j.task, j.size, j.infer_opts)]
-        return max(self.manager.resident_bytes(), cost.weight_bytes(sizes))
+        return cost.resident_for(self.manager.resident_bytes(), sizes)
 
     def clip_work(self, job: VideoJob, frames: int) -> float:
         """Seconds of device work of the clip's one call for ``frames`` frames (start excluded):
@@ -310,7 +304,7 @@ class VideoRequests:
         start), on a GPU; None elsewhere. SAPIENS2_NO_GPU_BUDGET=1 turns it off where "cuda" is
         emulated on a CPU whose wall time says nothing about a GPU's."""
         timed = self.manager.cuda and not os.environ.get("SAPIENS2_NO_GPU_BUDGET")
-        return seconds - cost.start_seconds(self._resident(job, *also)) if timed else None
+        return cost.work_budget(self._resident(job, *also), seconds) if timed else None
 
     def clip_run(self, job: VideoJob, call: ClipCall, out_dir: str, name: str | None = None) -> ClipRun:
         """The server's side of ``job``'s clip (nothing decoded yet): the pipeline's CPU stages

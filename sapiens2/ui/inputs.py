@@ -28,7 +28,7 @@ tagged outside path with an error whose text it hides, ``{"error": null}``, and 
 answer; then in the component's preprocess, which holds even where the wrapper is missing (the
 app rendered inside another Blocks). A refused file reaches the event's function as a
 :class:`Refused` value, never as a path: the function raises its error (:func:`refuse`), so the
-error is the function's own and the page can keep it in view (``handlers.ErrorBoard``).
+error is the function's own and the page can keep it in view (``error_board.ErrorBoard``).
 
 A path inside Gradio's upload folder that is not (or no longer) an upload gets
 :data:`EXPIRED`: Gradio deletes uploads after a while (the app's ``delete_cache``), so an upload

@@ -22,15 +22,10 @@ from ..serving import ModelManager
 from ..serving.folders import result_id
 from ..tasks.registry import OnDemand, Task
 from .browser_compare import browser_block
-from .handlers import (
-    Runner,
-    all_endpoint,
-    compare_endpoint,
-    on_demand_endpoint,
-    shown_error,
-    task_endpoint,
-)
+from .endpoints import all_endpoint, compare_endpoint, on_demand_endpoint, task_endpoint
+from .error_board import shown_error
 from .inputs import photo_input, say_on_arrival
+from .page_runner import Runner
 from .similar_block import similar_block
 from .widgets import (
     OUTPUT_FILES,

@@ -52,8 +52,9 @@ from ..serving.live import (
     live_size,
 )
 from ..zerogpu import zero_gpu_enabled
-from .handlers import Runner, reported
+from .error_board import reported
 from .inputs import data_url_bytes, photo_input
+from .page_runner import Runner
 from .video_tab import _task_name, default_task, task_choices
 from .widgets import checked_by_package, size_dropdown
 

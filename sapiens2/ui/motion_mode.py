@@ -12,7 +12,7 @@ import gradio as gr
 from ..serving.motion_requests import MotionRequests
 from ..serving.present import clip_info, running
 from ..video.frame_handlers import TrackingOptions
-from .handlers import BOARD, reported, shown_error, warn
+from .error_board import BOARD, reported, shown_error, warn
 from .inputs import refuse
 from .widgets import whole_number
 

@@ -22,9 +22,11 @@ from ..serving.photo_set import MAX_SET_PHOTOS, read_set
 from ..serving.similar import PeopleSet, group_count, grouped, most_similar, photos_that_fit, run_set
 from ..tasks import registry
 from ..tasks.registry import Task
-from .handlers import BOARD, Runner, _docstring, _endpoint, _split, reported, shown_error
+from .endpoints import api_docstring, as_endpoint, split_call
+from .error_board import BOARD, reported, shown_error
 from .inputs import photo_set_input, refuse
 from .mcp_files import photo_doc
+from .page_runner import Runner
 
 KINDS = tuple(TASK_OF)
 #: How long an idle session's set is kept (seconds) before Gradio drops it (and its pictures).
@@ -91,7 +93,7 @@ def similar_endpoint(run: Runner, task: Task) -> Any:
     """``f(photo, photos, by, size)`` -> (gallery, run info); the session's set as state."""
 
     def endpoint(*args: Any) -> tuple[Any, str, PeopleSet | None]:
-        [photo, files, by, size, held], _, request = _split(args, 5)
+        [photo, files, by, size, held], _, request = split_call(args, 5)
         with BOARD.catching(request, "find_similar", "Find similar"), reported(run.manager):
             refuse(photo, *_listed(files))
             people = _people_set(run, held, photo, files, by, size)
@@ -99,7 +101,7 @@ def similar_endpoint(run: Runner, task: Task) -> Any:
             info = f"{len(shown)} most similar of {len(people.people)} people in {len(people.names)} photos, by {people.kind}."
             return gr.Gallery(value=shown, columns=4, label="Most similar"), info, people
 
-    doc = _docstring(
+    doc = api_docstring(
         "Find the people of a set of photos most like the person in a query photo, by appearance or pose.",
         [
             ("photo", photo_doc("the query photo")),
@@ -108,14 +110,14 @@ def similar_endpoint(run: Runner, task: Task) -> Any:
             ("size", f"backbone size for appearance: {', '.join(task.spec.sizes)} (pose uses its default)."),
         ],
     )
-    return _endpoint(endpoint, "find_similar", ["photo", "photos", "by", "size", "state"], doc, required=2)
+    return as_endpoint(endpoint, "find_similar", ["photo", "photos", "by", "size", "state"], doc, required=2)
 
 
 def group_endpoint(run: Runner, task: Task) -> Any:
     """``f(photos, by, size, groups)`` -> (gallery: one row per group, run info)."""
 
     def endpoint(*args: Any) -> tuple[Any, str, PeopleSet | None]:
-        [photo, files, by, size, groups, held], _, request = _split(args, 6)
+        [photo, files, by, size, groups, held], _, request = split_call(args, 6)
         with BOARD.catching(request, "group_set", "Group"), reported(run.manager):
             refuse(photo, *_listed(files))
             people = _people_set(run, held, photo, files, by, size)
@@ -126,7 +128,7 @@ def group_endpoint(run: Runner, task: Task) -> Any:
             info = f"{len(people.people)} people by {people.kind} in {len(shown)} groups."
             return gr.Gallery(value=shown, columns=1, label="Groups: one row each"), info, people
 
-    doc = _docstring(
+    doc = api_docstring(
         "Group the people of a set of photos by appearance or pose (k-means): one gallery row per group.",
         [
             ("photo", photo_doc("the query photo (the set's run includes it)")),
@@ -136,7 +138,7 @@ def group_endpoint(run: Runner, task: Task) -> Any:
             ("groups", "how many groups, 1 to 8 (None: about the square root of half the people)."),
         ],
     )
-    return _endpoint(
+    return as_endpoint(
         endpoint, "group_set", ["photo", "photos", "by", "size", "groups", "state"], doc, required=2
     )
 

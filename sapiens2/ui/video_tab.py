@@ -17,10 +17,11 @@ from ..serving.video import VideoRequests
 from ..tasks.registry import Task
 from ..video.frame_handlers import TrackingOptions
 from ..video.reader import VideoLimits
+from .error_board import BOARD, reported, shown_error, warn
 from .gpu import gpu_device
-from .handlers import BOARD, Runner, reported, shown_error, warn
 from .inputs import clip_input, refuse
 from .motion_mode import add_motion_mode
+from .page_runner import Runner
 from .widgets import OUTPUT_FILES, checked_by_package, size_dropdown, whole_number
 
 #: What one clip may cost in this app (uploads are capped at MAX_FILE_BYTES by Gradio too).

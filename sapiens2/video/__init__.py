@@ -2,9 +2,9 @@
 
 Modules, each usable alone: ``reader`` (checked decoding, limits), ``writer`` (VP8/WebM),
 ``tracking`` (IoU tracker, stable person ids), ``smoothing`` (One-Euro filter), ``depth``
-(clip-wide depth colour bounds), ``clip_depth_align`` (depth held still over time), ``motion``
-(pose + pointmap -> 3D motion), ``exports`` (pose tracks JSON, NPZ under a cap), ``handlers``
-(per-task frame handling) and ``runner`` (:func:`run_video`). No UI code here.
+(clip-wide depth colour bounds), ``clip_depth_align`` (depth held still over time), ``clip_motion``
+(pose + pointmap -> 3D motion), ``exports`` (pose tracks JSON, NPZ under a cap),
+``frame_handlers`` (per-task frame handling) and ``clip_runner`` (:func:`run_video`). No UI code here.
 
 Public names are imported lazily, so ``import sapiens2.video`` stays cheap.
 """
@@ -27,9 +27,9 @@ _LAZY = {
     "TrackingOptions": ".people",
     "PoseTracking": ".people",
     "DepthScale": ".depth",
-    "VideoPlan": ".clip_runner",
-    "VideoResult": ".clip_runner",
-    "plan_video": ".clip_runner",
+    "VideoPlan": ".clip_plan",
+    "VideoResult": ".clip_plan",
+    "plan_video": ".clip_plan",
     "run_video": ".clip_runner",
     "DepthAligner": ".clip_depth_align",
     "MotionOptions": ".clip_motion",

@@ -39,7 +39,8 @@ from ..outputs.export import file_stem, safe_path
 from ..tasks.pointmap.pointmap_pipeline import TASK as POINTMAP
 from ..tasks.pose.pose_lift import MIN_SAMPLES, WINDOW, lift_keypoints
 from ..tasks.pose.pose_pipeline import TASK as POSE
-from .clip_runner import VideoResult, iter_video
+from .clip_plan import VideoResult
+from .clip_runner import iter_video
 from .exports import RAW_CAP_BYTES, save_npz
 from .frame_handlers import DepthFrames, TrackingOptions, people_mask
 from .reader import VideoLimits

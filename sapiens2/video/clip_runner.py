@@ -1,34 +1,19 @@
-"""A clip through a task pipeline, in batches: decode -> prepare -> ONE infer per batch -> finish
--> render -> VP8/WebM, plus the downloads, into one folder.
+"""A clip through a task pipeline, in batches: decode, prepare, one forward per batch, finish,
+render, VP8/WebM, and the downloads, into one folder (the stages: docs/DESIGN.md).
 
-The pipeline is used through its three stages (docs: the pipeline contract)::
-
-    prep = pipe.prepare(intake, **options, **frame_options)   # per frame (CPU)
-    raws = pipe.infer([prep, ...], **options)                  # once per batch (device)
-    result = pipe.finish(raw, intake, **options, **frame_options)  # per frame (CPU)
-
-``frame_options`` are what differs per frame (pose: the person boxes the detector or the
-tracker chose), so ``infer`` must take them from each ``prep``. A pipeline without the three
-stages is wrapped by :class:`OneCallPerFrame` (one forward per frame, no batching), which keeps
-the runner usable with the single-call pipelines.
-
-Which tasks run and how their frames are handled comes from each task's declaration
-(``Task.video``: handler kind, raw fields, render defaults, detection hook). A task with a
-detection hook (pose) runs its detector itself, on every K-th frame, BEFORE the batch's prepare:
-the frames after a detection in the same batch already get its boxes, and every frame reaches the
-model with caller boxes, so the forward stays one per batch.
+A task with a detection hook (pose) runs its detector on every K-th frame before the batch's
+prepare, so every frame reaches the model with caller boxes and the forward stays one per batch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -38,149 +23,14 @@ from ..outputs.export import file_stem, safe_path
 from ..tasks import registry
 from ..tasks.base import finish_batch, prepare_batch
 from ..tasks.registry import Task
+from .clip_plan import VideoPlan, VideoResult, has_audio, plan_video
+from .clip_steps import ClipStopped, Infer, LocalSteps, Steps, budget_stop, staged
 from .exports import RAW_CAP_BYTES
 from .frame_handlers import Detect, DetectMany, FrameHandler, TrackingOptions, handler_class
-from .reader import VideoInfo, VideoLimits, check_stride, iter_frames, planned_frames, probe_video
+from .reader import VideoLimits, iter_frames
 from .writer import VIDEO_SUFFIX, VideoWriter
 
-Progress = Callable[[int, int | None], None]  # (frames done, frames planned or None if unknown)
-Infer = Callable[..., list]  # (preps, **options) -> raws: the batch's device work
 MAX_BATCH = 64
-
-
-class OneCallPerFrame:
-    """The three stages over a single-call pipeline ``pipe(intake, **options) -> result``."""
-
-    def __init__(self, pipe: Any) -> None:
-        self.pipe = pipe
-
-    def prepare(self, intake: Intake, **options: Any) -> tuple[Intake, dict[str, Any]]:
-        return intake, options
-
-    def infer(self, preps: list[tuple[Intake, dict[str, Any]]], **_: Any) -> list[Any]:
-        return [self.pipe(intake, **options) for intake, options in preps]
-
-    def finish(self, raw: Any, intake: Intake, **_: Any) -> Any:
-        return raw
-
-
-def staged(pipe: Any) -> Any:
-    """The pipeline itself when it has prepare/infer/finish, else :class:`OneCallPerFrame`."""
-    if all(callable(getattr(pipe, n, None)) for n in ("prepare", "infer", "finish")):
-        return pipe
-    return OneCallPerFrame(pipe)
-
-
-@dataclass
-class VideoPlan:
-    """A checked clip before any inference: what the UI shows (and estimates time from) first."""
-
-    info: VideoInfo
-    stride: int
-    frames: int | None  # frames that will be processed by the header (None: header gives no count)
-
-    @property
-    def fps_out(self) -> float:
-        return self.info.fps / self.stride
-
-
-def plan_video(source: str | Path, *, stride: int = 1, limits: VideoLimits = VideoLimits()) -> VideoPlan:
-    """Probe and check a clip; raises InputVideoError (not a video, too big, too long, too many
-    frames by its header) before anything expensive runs."""
-    info = probe_video(source, limits)
-    n = planned_frames(info, check_stride(stride), limits) if info.frame_count else None
-    return VideoPlan(info, stride, n)
-
-
-@dataclass
-class VideoResult:
-    """A processed clip: the rendered video and the downloads, all inside ``out_dir``."""
-
-    task: str
-    video: Path  # rendered clip, VP8 in WebM, silent
-    files: list[Path]  # downloads: the video first, then JSON / ZIP / NPZ
-    source: VideoInfo
-    frames: int  # frames processed (= frames in the output video)
-    fps: float  # output frame rate = source fps / stride (so the duration is kept)
-    size: tuple[int, int]  # (width, height) of the output frames (even-padded in the video)
-    codec: str  # fourcc actually used ("VP80"; "VP90" only if VP8 cannot be opened)
-    notices: list[str] = field(default_factory=list)
-    timing: dict[str, float] = field(default_factory=dict)  # decode_s, infer_s, model_s, total_s
-    details: dict[str, Any] = field(default_factory=dict)  # pose: tracks; pointmap: depth bounds
-    source_video: Path | None = None  # the frames read, as a playable WebM (``source_video=True``)
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-friendly description for UIs, logs and the API."""
-        return {
-            "task": self.task,
-            "frames": self.frames,
-            "fps": round(self.fps, 4),
-            "source_fps": round(self.source.fps, 4),
-            "size": list(self.size),
-            "codec": self.codec,
-            "audio": "dropped",
-            "files": [p.name for p in self.files],
-            "notices": list(self.notices),
-            "timing": {k: round(v, 3) for k, v in self.timing.items()},
-            **self.details,
-        }
-
-
-class ClipStopped(Exception):
-    """Raised by :class:`Steps` when the device call ends before its work is done (its
-    reservation was about to run out): the frames done are kept, with ``reason``."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def budget_stop(budget_s: float | None, elapsed_s: float, last_s: float) -> str | None:
-    """Why to stop before the next step of device work, or None to go on: with ``budget_s``
-    seconds of work allowed, ``elapsed_s`` done and the last step taking ``last_s``, the next
-    one (counted 1.5 times) would pass the budget. The one rule of a local run's own check
-    (:class:`ClipRun`) and of a clip's GPU call (``sapiens2.serving.device.Clip``)."""
-    if budget_s is not None and elapsed_s + 1.5 * last_s > budget_s:
-        return f"the GPU time reserved ({budget_s:.0f} s of work) was about to run out"
-    return None
-
-
-class Steps(Protocol):
-    """A clip's device work, wherever it runs (this process, or a server's one GPU call): the
-    forwards of prepared batches and the person detections. Nothing else crosses."""
-
-    def stream(
-        self, batches: list[list[Any]], options: Mapping[str, Any], last: bool = False
-    ) -> Iterator[list[Any]]:
-        """Every batch's raws, in order, as each forward is done (batches known in advance).
-        ``last``: no device step follows these (a GPU call may end after them)."""
-        ...
-
-    def send(self, preps: list[Any], options: Mapping[str, Any], last: bool = False) -> None:
-        """Start one batch's forward; :meth:`receive` gives its raws."""
-        ...
-
-    def receive(self) -> list[Any]: ...
-
-
-class LocalSteps:
-    """:class:`Steps` in this process: ``infer`` (default: the pipeline's) called directly."""
-
-    def __init__(self, infer: Infer) -> None:
-        self.infer = infer
-        self._raws: list[Any] = []
-
-    def stream(
-        self, batches: list[list[Any]], options: Mapping[str, Any], last: bool = False
-    ) -> Iterator[list[Any]]:
-        for preps in batches:
-            yield list(self.infer(preps, **options))
-
-    def send(self, preps: list[Any], options: Mapping[str, Any], last: bool = False) -> None:
-        self._raws = list(self.infer(preps, **options))
-
-    def receive(self) -> list[Any]:
-        return self._raws
 
 
 @dataclass
@@ -489,25 +339,6 @@ def iter_video(
     for done in run.process(LocalSteps(infer or run.stages.infer)):
         yield done, run.plan.frames
     yield run.result()
-
-
-#: Byte patterns of an audio track: MP4/MOV's sound handler ("hdlr" box, then "soun") and the
-#: Matroska/WebM codec ids of audio tracks. GIFs never have sound.
-_AUDIO = re.compile(rb"hdlr.{8}soun|A_(?:OPUS|VORBIS|AAC|MPEG|AC3|EAC3|FLAC|PCM)", re.DOTALL)
-
-
-def has_audio(path: str | Path, chunk: int = 4 * 1024 * 1024) -> bool:
-    """Whether the clip's container declares an audio track (a scan of its bytes, no decoder)."""
-    try:
-        with open(path, "rb") as fh:
-            tail = b""
-            while block := fh.read(chunk):
-                if _AUDIO.search(tail + block):
-                    return True
-                tail = block[-32:]
-    except OSError:
-        return False
-    return False
 
 
 def _checked(task: Any, batch_size: Any, options: Mapping[str, Any] | None) -> tuple[Task, dict[str, Any]]:

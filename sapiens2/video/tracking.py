@@ -22,21 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import OptionError
+from ..models.boxes import iou_matrix
 
 _BOX_PAD = 0.1  # a keypoint box is widened by 10% per side, about the margin of a detector box
-
-
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of (N, 4) and (M, 4) xyxy boxes: (N, M); empty boxes overlap nothing."""
-    a = np.asarray(a, np.float64).reshape(-1, 4)
-    b = np.asarray(b, np.float64).reshape(-1, 4)
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(rb - lt, 0, None).prod(axis=2)
-    area_a = np.clip(a[:, 2:] - a[:, :2], 0, None).prod(axis=1)
-    area_b = np.clip(b[:, 2:] - b[:, :2], 0, None).prod(axis=1)
-    union = area_a[:, None] + area_b[None, :] - inter
-    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
 def greedy_match(iou: np.ndarray, threshold: float) -> list[tuple[int, int]]:

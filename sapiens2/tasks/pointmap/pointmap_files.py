@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...outputs.export import safe_path, safe_stem, write_ply
+from ...outputs.export import safe_path, safe_stem, write_point_cloud_ply
 from ...outputs.mesh import finite_points, grid_mesh, pixels_where, write_mesh_glb, write_mesh_ply
 from ...outputs.writers import NOW, Writer
 
@@ -47,7 +47,7 @@ def write_full_resolution(
     With a pooled writer the cloud is written while the mesh is built."""
     glb, ply, cloud = (safe_path(folder, name, suffix) for suffix in FULL_RESOLUTION)
     cloud_points = points if points is not None else foreground_points(pointmap, mask, image)
-    write_ply(cloud, *cloud_points, writer=writer)
+    write_point_cloud_ply(cloud, *cloud_points, writer=writer)
     full = grid_mesh(pointmap, mask, image, focal_px=focal_px)
     return [write_mesh_glb(glb, full, writer=writer), write_mesh_ply(ply, full, writer=writer), cloud]
 

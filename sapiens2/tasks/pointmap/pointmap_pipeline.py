@@ -104,7 +104,8 @@ class PointmapResult(TaskResult):
 
         ``later``: leave the full-resolution files out (at 12 MP they outweigh the rest of the
         request's files): the app makes them only when asked (``TASK.on_demand``)."""
-        from ...outputs.export import GLB_MAX_POINTS, safe_path, write_glb, write_npy, write_png
+        from ...outputs.export import GLB_MAX_POINTS, safe_path, write_npy, write_png
+        from ...outputs.export import write_point_cloud_glb as write_glb
         from ...outputs.mesh import write_mesh_glb
 
         def path(suffix: str) -> Path:
