@@ -54,3 +54,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.get_closest_marker(kind) for kind in _SLOW_KINDS) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per usable CPU, at most 4 (each holds torch, Gradio and a tiny model
+    set; beyond 4 the browser and Ray tests' own processes compete for the same cores)."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cpus))

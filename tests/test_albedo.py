@@ -49,6 +49,7 @@ def albedo_checkpoint(tiny_checkpoints) -> tuple[Path, RefAlbedoHead]:
 # ----------------------------------------------------------------------------- the model
 
 
+@pytest.mark.slow
 def test_the_head_equals_the_reference_on_tiny_random_weights(albedo_checkpoint) -> None:
     path, ref = albedo_checkpoint
     model = load_model("albedo", checkpoint=path, device="cpu", dtype=torch.float32)
@@ -189,6 +190,7 @@ def release_background(img: np.ndarray, logits_net: torch.Tensor) -> np.ndarray:
     return (up[0].argmax(0) == 0).numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wh", [(600, 471), (471, 600)])
 def test_the_pipeline_follows_the_release_rules(wh) -> None:
     img = photo(*wh)

@@ -166,6 +166,7 @@ def hostile_paths(tmp: Path, uploaded_output: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_every_path_not_uploaded_gets_the_same_answer(server: Server, uploaded: str, tmp_path: Path) -> None:
     event, data, _ = server.call("seg", seg_args({"path": uploaded, "meta": META}))
     assert event == "complete"
@@ -180,6 +181,7 @@ def test_every_path_not_uploaded_gets_the_same_answer(server: Server, uploaded: 
     assert_good_seg(server, {"path": uploaded, "meta": META})  # still up
 
 
+@pytest.mark.slow
 @needs_fifo
 def test_a_fifo_never_stalls_the_queue(server: Server, uploaded: str, tmp_path: Path) -> None:
     fifo = tmp_path / "photo.png"
@@ -265,6 +267,7 @@ def public_file_inputs(server: Server) -> list[tuple[str, int, int]]:
     ]
 
 
+@pytest.mark.slow
 def test_every_file_input_of_every_endpoint_refuses_a_path_not_uploaded(server: Server) -> None:
     """Found from the config, so a file input added later (a clip, a second image) is checked
     too: a server path, tagged or not, gets the one refusal and nothing of the file."""
@@ -280,6 +283,7 @@ def test_every_file_input_of_every_endpoint_refuses_a_path_not_uploaded(server: 
             assert_refused(*server.call(api, data), refusal)
 
 
+@pytest.mark.slow
 def test_uploads_and_data_urls_work_and_outputs_stay_in_their_folder(server: Server, tmp_path: Path) -> None:
     import base64
 
@@ -367,6 +371,7 @@ def example_dataset(server: Server) -> tuple[dict, int]:
     return dataset, runs[0]
 
 
+@pytest.mark.slow
 def test_example_photos_still_run_from_the_page(server: Server) -> None:
     dataset, fn_index = example_dataset(server)
     sample = dataset["props"]["samples"][0]

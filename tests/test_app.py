@@ -118,6 +118,7 @@ def check_pose_json(data: dict) -> None:
         assert "left_wrist" in names
 
 
+@pytest.mark.slow
 def test_page_and_api_list_every_endpoint(client: Client, served) -> None:
     import urllib.request
 
@@ -274,6 +275,7 @@ def test_similarity_names_the_missing_photo(client: Client, served, tiny_checkpo
         runner.compare(registry.get("features"), None, None, "0.1b")
 
 
+@pytest.mark.slow
 def test_all_tasks(client: Client) -> None:
     # pointmap and depth (v1) both take use_segmentation: /all prefixes a shared option's name with the task's
     values = client.predict(

@@ -163,6 +163,7 @@ def test_every_model_run_is_in_one_concurrency_group(served) -> None:
     assert {fn.concurrency_limit for fn in [*examples]} == {"default"}  # the queue's limit applies
 
 
+@pytest.mark.slow
 def test_examples_and_buttons_never_run_more_models_at_once_than_the_limit(served, monkeypatch) -> None:
     """Two example clicks (lazy cache: the first click runs the task) and two button runs at once,
     with a concurrency limit of 1: one device call at a time, four in all."""
@@ -269,6 +270,7 @@ def test_a_large_run_tells_its_cost_before_the_gpu_call(served, monkeypatch) -> 
     assert "120 s without an account" in infos[0]
 
 
+@pytest.mark.slow
 def test_all_tasks_at_5b_tell_the_total_before_the_first_gpu_call(served, monkeypatch) -> None:
     server, _ = served
     tasks = registry.all_tasks()
@@ -290,6 +292,7 @@ def test_all_tasks_at_5b_tell_the_total_before_the_first_gpu_call(served, monkey
 # ----------------------------------------------------------------------------- residency
 
 
+@pytest.mark.slow
 def test_the_gpu_function_refuses_to_load_through_the_app(served, monkeypatch, tiny_checkpoints) -> None:
     """The app's device call (the one GPU entry) never loads: a model missing when it runs
     (here: dropped between the server's preparation and the call) is a ResidencyError that
@@ -315,6 +318,7 @@ def test_the_gpu_function_refuses_to_load_through_the_app(served, monkeypatch, t
 # ----------------------------------------------------------------------------- video
 
 
+@pytest.mark.slow
 def test_a_clip_goes_through_the_gpu_entry_once(served, monkeypatch, tmp_path: Path) -> None:
     """/video in the app: the whole clip (detections, every batch's forward) is ONE call of the
     app's GPU entry, reserving a duration an anonymous visitor can start."""

@@ -410,6 +410,7 @@ def test_rerun_skips_done_sources_refuses_other_settings_and_ignores_temp_files(
             batch.run(job, str(tmp_path / "in"), progress=False)
 
 
+@pytest.mark.subprocess
 def test_a_killed_run_then_a_rerun_gives_each_source_once_and_never_imports_ray(tiny_checkpoints, tmp_path):
     """SIGKILL the process running the batch once some parts are committed; rerun; count. The
     rerun's process also shows that the package and the local engine never import Ray."""

@@ -66,6 +66,7 @@ def test_device_path_pipeline_defaults(tiny_checkpoints, task: str, device: str)
         assert result.flip_test is (device == "cuda")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_device_path_bf16_matches_fp32(task: str, device: str) -> None:
@@ -128,6 +129,7 @@ def _figures(doc: dict, section: str) -> dict[str, dict]:
     return {f["name"]: f for f in doc[section]["figures"]}
 
 
+@pytest.mark.subprocess
 def test_quick_cpu_run_reports_every_section(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     proc = subprocess.run(
@@ -223,6 +225,7 @@ def test_forward_verdicts_judge_the_targets_on_a_full_gpu_run() -> None:
     assert all(f.met is None or f.name.endswith("head dim 64") for f in sec.figures)  # not judged
 
 
+@pytest.mark.slow
 def test_a_failing_part_is_a_failed_figure_and_a_section_error() -> None:
     gpu = _gpu_bench()
 

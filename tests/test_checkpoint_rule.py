@@ -127,6 +127,7 @@ def test_app_custom_checkpoint_takes_every_size(tiny_checkpoints) -> None:
         manager.key(T("seg"), "huge")
 
 
+@pytest.mark.slow
 def test_app_endpoint_refuses_another_size_and_offers_the_files(
     pose_04b: Path, photo: Path, tmp_path: Path
 ) -> None:

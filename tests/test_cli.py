@@ -133,6 +133,7 @@ def test_find_images_and_unique_folder(tmp_path):
     ]  # fmt: skip
 
 
+@pytest.mark.subprocess
 def test_module_entry_point_reports_weights_error_cleanly(tmp_path):
     img = write_photo(tmp_path / "p.png")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -82,6 +82,7 @@ def recorder(tiny_checkpoints, monkeypatch) -> Recorder:
     return Recorder(manager, monkeypatch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["pose", "pointmap"])
 def test_a_clips_call_runs_only_forwards_and_detections(
     recorder: Recorder, tmp_path: Path, task: str
@@ -103,6 +104,7 @@ def test_a_clips_call_runs_only_forwards_and_detections(
         assert [type(j).__name__ for j in unit.first] == ["Detect"]
 
 
+@pytest.mark.slow
 def test_motion_is_one_call_with_only_device_work(recorder: Recorder, tmp_path: Path) -> None:
     clip = write_clip(tmp_path / "c.mp4", n=11, fps=10.0)
     video = VideoRequests(recorder.manager, serving.RequestFolders(tmp_path / "r"), device=recorder)
@@ -116,6 +118,7 @@ def test_motion_is_one_call_with_only_device_work(recorder: Recorder, tmp_path: 
     assert seen == [(8, 22), (11, 22), (19, 22), (22, 22)] and result.frames == 11
 
 
+@pytest.mark.slow
 def test_motion_decodes_the_clip_once(recorder: Recorder, tmp_path: Path) -> None:
     """The pointmap pass takes the pose pass's decoded frames: one decode for both."""
     clip = write_clip(tmp_path / "c.mp4", n=5, fps=10.0)
@@ -125,6 +128,7 @@ def test_motion_decodes_the_clip_once(recorder: Recorder, tmp_path: Path) -> Non
     assert result.frames == 5
 
 
+@pytest.mark.slow
 def test_motion_after_a_quota_refusal_runs_the_frames_that_fit_as_a_video_does(
     recorder: Recorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

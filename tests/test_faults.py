@@ -281,6 +281,7 @@ def oom_factory(tiny_checkpoints: dict[str, Path], large: str = "5b"):
     return factory
 
 
+@pytest.mark.slow
 def test_out_of_memory_on_a_large_size_advises_trims_and_recovers(
     tiny_checkpoints, app_module, tmp_path
 ) -> None:
@@ -301,6 +302,7 @@ def test_out_of_memory_on_a_large_size_advises_trims_and_recovers(
         one_request.infer(manager, "pose", photo(), "5b")
 
 
+@pytest.mark.slow
 def test_out_of_memory_in_all_tasks_skips_that_task_and_trims(tiny_checkpoints, app_module, tmp_path) -> None:
     manager = serving.ModelManager(device="cpu", factory=oom_factory(tiny_checkpoints, large="1b"))
     run = runner(app_module, manager, tmp_path)

@@ -127,6 +127,7 @@ def release_pointmap_back(pm: np.ndarray, box, scale: float, out_hw) -> np.ndarr
 # ----------------------------------------------------------------------------- inputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wh", SIZES)
 def test_seg_input_is_the_release_stretch(wh) -> None:
     model = seg_model()
@@ -139,6 +140,7 @@ def test_seg_input_is_the_release_stretch(wh) -> None:
     assert np.abs(as_pixels(model.seen[0]) - ref).max() < 1e-3  # normalised on the device, nothing else
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wh", SIZES)
 @pytest.mark.parametrize("cls", [NormalPipeline, PointmapPipeline])
 def test_letterbox_is_the_release_rule(wh, cls) -> None:
@@ -159,6 +161,7 @@ def test_truncation_differs_from_rounding_on_a_landscape_photo() -> None:
     assert prep.pad.inner_hw == (602, 768) and prep.pad.top == 211
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wh", SIZES)
 def test_matting_input_is_transformers_antialiased_bilinear(wh) -> None:
     item = intake(*wh)
@@ -173,6 +176,7 @@ def test_matting_input_is_transformers_antialiased_bilinear(wh) -> None:
 # ----------------------------------------------------------------------------- outputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wh", SIZES)
 def test_pointmap_back_to_the_photo_is_the_release_rule(wh) -> None:
     model = pointmap_model()
@@ -185,6 +189,7 @@ def test_pointmap_back_to_the_photo_is_the_release_rule(wh) -> None:
     np.testing.assert_allclose(res.pointmap, ref, atol=2e-5 * np.abs(ref).max())
 
 
+@pytest.mark.slow
 def test_pointmap_blur_only_when_enlarging() -> None:
     """Without the blur a 4x enlargement keeps the network's pixel steps; with it they are
     smoothed: the result equals the reference only with the blur applied."""
@@ -198,6 +203,7 @@ def test_pointmap_blur_only_when_enlarging() -> None:
     assert np.abs(res.pointmap - plain).max() > 1e-4  # the blur is there
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wh", SIZES)
 def test_normals_back_to_the_photo(wh) -> None:
     model = normal_model()
@@ -212,6 +218,7 @@ def test_normals_back_to_the_photo(wh) -> None:
     np.testing.assert_allclose(res.normals, ref, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wh", SIZES)
 def test_seg_labels_equal_full_interpolation_then_argmax(wh) -> None:
     model = seg_model()
@@ -231,6 +238,7 @@ def assert_argmax_of_interpolated(labels: torch.Tensor, logits: torch.Tensor) ->
         assert full[ref[y, x], y, x] - full[ours[y, x], y, x] < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wh", SIZES)
 def test_matting_back_to_the_photo(wh) -> None:
     model = matting_model()
@@ -243,6 +251,7 @@ def test_matting_back_to_the_photo(wh) -> None:
     np.testing.assert_allclose(res.foreground, ref[..., :3], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_seg_logits_compact_form_is_exact_and_small() -> None:
     logits = field(29, 1024, 768)[0] * 4
     compact = SegLogits.from_logits(logits)
@@ -254,6 +263,7 @@ def test_seg_logits_compact_form_is_exact_and_small() -> None:
 # ----------------------------------------------------------------------------- precision
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("task", "name", "channel"), [("pointmap", "pointmap", 2), ("normal", "normals", 0)])
 def test_bf16_keeps_the_output_resolution(tiny_checkpoints, task: str, name: str, channel: int) -> None:
     """bf16 backbone, fp32 last projection: distinct values at network resolution stay >= 25% of
@@ -278,6 +288,7 @@ def test_bf16_keeps_the_output_resolution(tiny_checkpoints, task: str, name: str
     assert err.mean() < 0.05 * full.abs().mean() and err.quantile(0.99) < 0.25 * full.abs().mean()
 
 
+@pytest.mark.slow
 def test_bf16_pointmap_pipeline_depth_is_float32_and_not_terraced(tiny_checkpoints) -> None:
     model = load_model(
         "pointmap", checkpoint=tiny_checkpoints["pointmap"], device="cpu", dtype=torch.bfloat16

@@ -130,6 +130,7 @@ def same_point(got: np.ndarray, want: np.ndarray) -> bool:
     return bool((np.abs(got - want) <= tol).all())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["600x471", "471x600", "4000x3000"])
 def test_whole_image_box_crop_and_keypoints_equal_the_release(
     pose_pipe: PosePipeline, photos: dict[str, np.ndarray], name: str
@@ -150,6 +151,7 @@ def test_whole_image_box_crop_and_keypoints_equal_the_release(
     assert res.boxes.tolist() == [box] and res.detection_source == "whole_image"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["600x471", "471x600", "4000x3000"])
 def test_caller_boxes_crop_exactly_as_the_release(
     pose_pipe: PosePipeline, photos: dict[str, np.ndarray], name: str
@@ -181,6 +183,7 @@ def test_torch_crops_within_one_grey_level_of_the_release(photos: dict[str, np.n
         assert d.max() < 1.01 and np.percentile(d, 99) < 1e-3, (i, d.max())
 
 
+@pytest.mark.slow
 def test_flip_test_runs_mirrors_in_the_same_batch_and_averages_as_the_release(
     pose_pipe: PosePipeline, photos: dict[str, np.ndarray]
 ) -> None:
@@ -285,6 +288,7 @@ def test_features_stages_equal_the_call(
 # ----------------------------------------------------------------------------- what crosses the boundary
 
 
+@pytest.mark.slow
 def test_a_12mp_photo_with_five_people_crosses_in_small_pieces(
     pose_pipe: PosePipeline, photos: dict[str, np.ndarray]
 ) -> None:

@@ -91,6 +91,7 @@ def test_photos_that_fit_follow_the_price_of_a_call(runner):
     assert start + per_photo * (pose_n + 1) <= cost.MAX_CALL_S < start + per_photo * (pose_n + 2)
 
 
+@pytest.mark.slow
 def test_the_set_and_query_run_once_rank_and_group(runner, tmp_path):
     photos = [(f"p{i}.png", png(i, 48 + 4 * i, 40)) for i in range(5)]
     query = tmp_path / "query.png"

@@ -52,6 +52,7 @@ class OneByOne(torch.nn.Module):
         return PoseOutput(torch.cat([self.inner(x[i : i + 1]).heatmaps for i in range(len(x))]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flip_test", [False, True])
 def test_crowded_pose_batch_in_chunks_equals_one_forward(
     tiny_checkpoints: dict[str, Path], flip_test
@@ -112,6 +113,7 @@ def test_pose_with_nobody_runs_no_forward(tiny_checkpoints: dict[str, Path], mon
     assert [r.scores.shape for r in results] == [(0, 308)] * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [SegPipeline, NormalPipeline, FeaturesPipeline])
 def test_dense_and_features_chunks_equal_one_forward(tiny_checkpoints: dict[str, Path], cls) -> None:
     pipe = cls(checkpoint=tiny_checkpoints[cls.task], device="cpu")

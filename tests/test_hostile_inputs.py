@@ -363,6 +363,7 @@ def check_exports(shown: serving.Presented, hw: tuple[int, int], out: Path) -> N
             assert p.read_bytes()[:4] == b"glTF"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1, 1), (10000, 2), (2, 10000)], ids=["1x1", "2x10000", "10000x2"])
 def test_extreme_shapes_run_every_task(manager, shape: tuple[int, int], tmp_path: Path) -> None:
     img = np.full((*shape, 3), 120, np.uint8)
@@ -383,6 +384,7 @@ def test_odd_modes_run_through_a_task(manager, name: str, tmp_path: Path) -> Non
     check_exports(shown, load_image(str(path)).size_hw, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_exif_rotated_photo_gives_results_aligned_with_the_upright_one(manager, tmp_path: Path) -> None:
     upright = person_like(64, 40, seed=4)
     seg_up = one_request.infer(manager, "seg", upright)
@@ -441,6 +443,7 @@ def test_a_crowd_of_30_is_capped_and_the_cap_is_said(tiny_checkpoints, tmp_path:
     assert len(json.loads((tmp_path / "image_pose.json").read_text())["people"]) == 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", TASKS)
 def test_nan_and_inf_in_model_output_never_reach_pictures_or_files(tiny_checkpoints, task, tmp_path) -> None:
     sick = serving.ModelManager(device="cpu", factory=small_factory(tiny_checkpoints, poison=True))
@@ -602,6 +605,7 @@ def good_seg(client: Any, photo: Path) -> None:
     assert line.startswith("Body parts (") and len(files) == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["empty.jpg", "notes.jpg", "truncated.jpg", "corrupt.png", "bomb.png", "bomb.jpg", "photo.heic"]
 )
@@ -623,6 +627,7 @@ def test_app_names_the_problem_with_each_bad_file_and_stays_up(
     assert len(forwards) == 1  # the count sees the model runs it must not see above
 
 
+@pytest.mark.slow
 def test_app_runs_odd_but_valid_files(client, tmp_path: Path) -> None:
     from gradio_client import handle_file
 
@@ -653,6 +658,7 @@ def test_app_matting_background_of_another_size_and_mode(client, tmp_path: Path)
         client.predict(handle_file(str(photo)), "1b", "#00b140", handle_file(str(bad)), api_name="/matting")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("api", "args", "message"),
     [

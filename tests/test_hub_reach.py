@@ -129,6 +129,7 @@ def _says_what_to_do(message: str, endpoint: str) -> None:
         assert fix in message, fix
 
 
+@pytest.mark.subprocess
 def test_refused_connection_fails_fast(tmp_path: Path, refused_port: int) -> None:
     endpoint = f"http://127.0.0.1:{refused_port}"
     got = _resolve(endpoint, tmp_path / "cache")
@@ -139,6 +140,7 @@ def test_refused_connection_fails_fast(tmp_path: Path, refused_port: int) -> Non
     assert "Retrying" not in got["stderr"]  # huggingface_hub's backoff never started
 
 
+@pytest.mark.subprocess
 def test_silent_server_fails_within_the_probe_timeout(tmp_path: Path, silent_hub: SilentHub) -> None:
     endpoint = f"http://127.0.0.1:{silent_hub.port}"
     got = _resolve(endpoint, tmp_path / "cache")
@@ -157,6 +159,7 @@ def test_silent_server_fails_within_the_probe_timeout(tmp_path: Path, silent_hub
     assert second < 2.5 < first, (first, second)
 
 
+@pytest.mark.subprocess
 def test_cached_weights_are_used_at_once_when_the_hub_is_unreachable(
     tmp_path: Path, silent_hub: SilentHub, tiny_checkpoints: dict[str, Path]
 ) -> None:
@@ -196,6 +199,7 @@ class _FakeHub(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.subprocess
 def test_a_real_download_shows_progress(tmp_path: Path, tiny_checkpoints: dict[str, Path]) -> None:
     handler = type(
         "Hub", (_FakeHub,), {"payload": (tiny_checkpoints["pose"] / "model.safetensors").read_bytes()}

@@ -82,6 +82,7 @@ def test_the_mailbox_keeps_only_the_newest_frame_and_counts_the_rest() -> None:
     assert box.take(timeout=5) is None and box.closed  # closed: returns at once
 
 
+@pytest.mark.slow
 def test_a_slow_model_builds_no_backlog_and_its_latency_stays_bounded(manager) -> None:
     """A camera putting a frame every 10 ms in front of a model taking 0.3 s a frame: the session
     always takes the newest frame, every other frame is counted as dropped, and no frame waits
@@ -158,6 +159,7 @@ def test_each_frame_s_device_work_is_a_priced_picklable_unit(manager) -> None:
 # ----------------------------------------------------------------------------- the release's input
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["seg", "normal", "matting", "pose", "pointmap"])
 def test_input_hw_none_is_the_release_path_bit_for_bit(manager, task: str) -> None:
     """The stages with no ``input_hw``, with ``input_hw=None`` and with the checkpoint's own size
@@ -182,6 +184,7 @@ def test_input_hw_none_is_the_release_path_bit_for_bit(manager, task: str) -> No
         np.testing.assert_array_equal(getattr(result, field), getattr(photo, field))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["seg", "normal", "matting", "pose"])
 def test_the_live_release_rendering_is_the_photo_s(manager, task: str) -> None:
     """Live at the release's input renders what the photo path renders (pose: the same keypoints

@@ -112,6 +112,7 @@ def counts(readout: str) -> tuple[int, int]:
     return int(frames), int(rest.split(" dropped")[0])
 
 
+@pytest.mark.slow
 def test_frames_stream_back_rendered_and_frames_posted_meanwhile_are_dropped_and_counted(
     server, monkeypatch
 ) -> None:

@@ -24,6 +24,7 @@ def checkpoints_json(tiny_checkpoints, tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("policy", ["requested", "used"])
 def test_one_admission_per_frame_spends_a_visitor_s_quota_in_seconds(
     tmp_path: Path, checkpoints_json: Path, policy: str

@@ -70,6 +70,7 @@ def file_parameters(tool: Any) -> dict[str, dict[str, Any]]:
     return {name: p for name, p in tool.inputSchema["properties"].items() if "format" in p}
 
 
+@pytest.mark.slow
 def test_every_file_parameter_says_data_url_and_nothing_promises_a_web_url(tools: dict[str, Any]) -> None:
     with_files = {name: file_parameters(tool) for name, tool in tools.items() if file_parameters(tool)}
     assert {"pose", "seg", "similarity", "all_tasks", "video"} <= set(with_files)
@@ -92,6 +93,7 @@ def schema_size(tool: Any) -> str:
     return choices[0]
 
 
+@pytest.mark.slow
 def test_a_call_made_as_the_schema_says_succeeds(url: str, tools: dict[str, Any]) -> None:
     seg_size, same_size, plan_size = (schema_size(tools[n]) for n in ("seg", "similarity", "video_plan"))
 

@@ -159,6 +159,7 @@ def test_arch_read_from_shapes(parity_models) -> None:
 
 
 # Sapiens v1 sizes are graph files (TorchScript/ExportedProgram): never read by safetensors shapes
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [s for s in ARCHS if not is_v1(s)])
 def test_zoo_sizes_are_recognised_from_shapes(size: str, tmp_path: Path) -> None:
     shapes = zoo_shapes("features", size)

@@ -29,6 +29,7 @@ def test_the_command_is_listed_with_its_help() -> None:
     assert "motion" in text and "3D motion from a clip" in text
 
 
+@pytest.mark.slow
 def test_motion_command_writes_the_files(tiny_checkpoints, tmp_path: Path, capsys) -> None:
     clip = write_clip(tmp_path / "walk.mp4", n=FRAMES, fps=10.0)
     out = tmp_path / "out"
@@ -79,6 +80,7 @@ def server(tiny_checkpoints, tmp_path_factory) -> Iterator[object]:
         yield srv
 
 
+@pytest.mark.slow
 def test_motion_endpoint_through_gradio_client(server, tmp_path: Path) -> None:
     from gradio_client import Client, handle_file
 

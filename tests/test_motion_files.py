@@ -169,6 +169,7 @@ v.validateBytes(new Uint8Array(fs.readFileSync(process.argv[1]))).then(r => {
 """
 
 
+@pytest.mark.subprocess
 def test_khronos_validator_finds_no_error_or_warning(two_walkers, tmp_path: Path) -> None:
     found = validator()
     if found is None:
@@ -208,6 +209,7 @@ print("RESULT", len(arms), sum(len(o.data.bones) for o in arms), len(keys))
 """
 
 
+@pytest.mark.subprocess
 def test_blender_imports_an_armature_with_keyframes(two_walkers, tmp_path: Path) -> None:
     """Runs only where a Python with Blender's ``bpy`` is named in $SAPIENS2_BLENDER_PYTHON (bpy is
     a ~400 MB wheel: not a test requirement)."""

@@ -135,6 +135,7 @@ def glb_json(path: Path) -> dict:
     return json.loads(data[20 : 20 + n])
 
 
+@pytest.mark.slow
 def test_pose_photo_with_3d_keypoints_on_tiny_models(tiny_checkpoints, tmp_path: Path) -> None:
     from sapiens2.tasks.pointmap import PointmapPipeline
     from sapiens2.tasks.pose import PosePipeline

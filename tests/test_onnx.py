@@ -65,6 +65,7 @@ def rel_err(ref: torch.Tensor, got: torch.Tensor) -> float:
     return float((ref.double() - got.double()).abs().max() / ref.double().abs().max().clamp_min(1e-12))
 
 
+@pytest.mark.slow
 def test_every_task_passes_the_full_check_with_its_metadata(onnx_files: dict[str, Path]) -> None:
     for task, path in onnx_files.items():
         onnx.checker.check_model(str(path), full_check=True)
@@ -91,6 +92,7 @@ def test_every_task_passes_the_full_check_with_its_metadata(onnx_files: dict[str
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", SAPIENS2_TASKS)
 def test_network_outputs_match_torch(task: str, onnx_files: dict, tiny_checkpoints: dict) -> None:
     torch_model = load_model(task, checkpoint=tiny_checkpoints[task], device="cpu")
@@ -115,6 +117,7 @@ def _options(task: str) -> dict:
     return {"pointmap": {"use_segmentation": False}, "albedo": {"use_segmentation": False}}.get(task, {})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", SAPIENS2_TASKS)
 def test_pipeline_results_match_torch(task: str, onnx_files: dict, tiny_checkpoints: dict) -> None:
     rng = np.random.default_rng(1)
@@ -152,6 +155,7 @@ def test_pipeline_results_match_torch(task: str, onnx_files: dict, tiny_checkpoi
             assert float(np.abs(x[finite] - y[finite]).max()) / scale < RTOL, name
 
 
+@pytest.mark.slow
 def test_int8_is_close_and_smaller(onnx_files: dict, int8_files: dict) -> None:
     """int8 error on the tiny models (the figures in docs/ONNX.md come from bench/onnx_speed.py)."""
     for task in INT8:

@@ -108,6 +108,7 @@ def _imports(path: Path) -> set[str]:
     return {n for n in names if n not in sys.stdlib_module_names and n != "sapiens2"}
 
 
+@pytest.mark.slow
 def test_every_third_party_import_is_declared() -> None:
     """The library imports only its dependencies; only sapiens2/ui (the app) uses the app extra."""
     core = {canonicalize_name(n) for n in by_name(PROJECT["dependencies"])}
@@ -214,6 +215,7 @@ def _run(installed: dict[str, object], *cmd: object) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
+@pytest.mark.subprocess
 def test_fresh_venv_import_works_from_another_folder(installed: dict[str, object]) -> None:
     code = (
         "import sys, json, sapiens2, sapiens2.cli as cli\n"
@@ -241,6 +243,7 @@ def test_fresh_venv_import_works_from_another_folder(installed: dict[str, object
     assert got["setuptools"] == version("setuptools")
 
 
+@pytest.mark.subprocess
 def test_fresh_venv_console_script(installed: dict[str, object]) -> None:
     done = _run(installed, installed["script"], "--help")
     assert done.returncode == 0, done.stderr

@@ -359,6 +359,7 @@ def _count_forwards(pipe: PosePipeline) -> list[int]:
     return sizes
 
 
+@pytest.mark.slow
 def test_tiny_checkpoint_end_to_end(tiny_pose: Path, tmp_path: Path) -> None:
     pipe = pipeline(
         "pose", checkpoint=tiny_pose, device="cpu", detector=lambda im: (THREE_PEOPLE, [0.9, 0.8, 0.7])

@@ -94,6 +94,7 @@ _HEAP_PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not LINUX, reason="glibc's mallopt")
 def test_heap_configure_lets_a_threads_big_temporaries_reuse_touched_pages() -> None:
     def probe(mode: str) -> tuple[str, list[int]]:

@@ -159,6 +159,7 @@ def test_option_names_are_unique_per_task_and_defaults_pass_their_own_checks() -
             assert set(infer) | set(render) == set(names)
 
 
+@pytest.mark.slow
 def test_a_registered_task_gets_a_tab_an_endpoint_and_a_place_in_all(toy, tmp_path) -> None:
     import app
 

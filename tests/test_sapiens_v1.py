@@ -31,6 +31,7 @@ def v1_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_format_is_read_from_the_bytes_not_the_name(v1_dir: Path, tmp_path: Path, tiny_checkpoints) -> None:
     ts, ep = v1_dir / "sapiens_tiny_seg_torchscript.pt2", v1_dir / "sapiens_tiny_pose_bfloat16.pt2"
     swapped_ts, swapped_ep = tmp_path / "x_bfloat16.pt2", tmp_path / "y_torchscript.safetensors"
@@ -61,6 +62,7 @@ def test_normalisation_is_v1s_mean_and_std_on_rgb(v1_dir: Path) -> None:
     assert x.tolist() == pytest.approx(want, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_torchscript_and_exported_program_give_typed_outputs(v1_dir: Path) -> None:
     from v1_models import SHAPES, TinyV1
 

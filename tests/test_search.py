@@ -45,6 +45,7 @@ def a_pose(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(0, 100, (308, 2)).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_same_pose_moved_scaled_and_mirrored_ranks_first_a_different_pose_last(tmp_path):
     pose = a_pose(0)
     scores = np.full(308, 0.9, np.float32)

@@ -75,6 +75,7 @@ def steps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> in
     return request.param
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(cases()))
 def test_both_paths_follow_the_rule_exactly(case: str, steps: int) -> None:
     logits = cases()[case]
@@ -209,6 +210,7 @@ def test_the_dense_path_splits_rows_over_single_threaded_workers(monkeypatch: py
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [*cases(), "raw-nan"])
 def test_the_foreground_is_labels_not_background_exactly(case: str, steps: int) -> None:
     """``foreground`` (the mask normal, pointmap and albedo borrow) skips the argmax on the dense

@@ -116,6 +116,7 @@ def test_missing_checkpoint_error_then_success_once_the_file_exists(tmp_path, ti
     assert manager.get(T("seg"), "5b") is pipe  # an explicit checkpoint serves every size
 
 
+@pytest.mark.slow
 def test_lru_bound_evicts_least_recently_used() -> None:
     manager = ModelManager(device="cpu", max_models=2, factory=CountingFactory())
     manager.get(T("seg"), "0.4b")
@@ -128,6 +129,7 @@ def test_lru_bound_evicts_least_recently_used() -> None:
     assert len(manager.loaded()) == 2
 
 
+@pytest.mark.slow
 def test_pinned_models_are_not_evicted_and_preload_reports_failures() -> None:
     factory = CountingFactory()
     manager = ModelManager(device="cpu", max_models=1, factory=factory)
@@ -150,6 +152,7 @@ def test_preload_by_default_leaves_sapiens_v1_defaults_to_their_first_use() -> N
     assert "depth" in shown and {task for task, _ in manager.loaded()} == shown - {"depth"}
 
 
+@pytest.mark.slow
 def test_trim_keeps_the_most_recent_and_clear_drops_all() -> None:
     manager = ModelManager(device="cpu", factory=CountingFactory())
     for task in ("pose", "seg", "normal"):
@@ -162,6 +165,7 @@ def test_trim_keeps_the_most_recent_and_clear_drops_all() -> None:
     assert manager.loaded() == []
 
 
+@pytest.mark.slow
 def test_trim_keeps_pinned_models_and_clear_drops_them() -> None:
     # On ZeroGPU the preloaded (pinned) models are packed at launch; an OOM trim must keep them.
     manager = ModelManager(device="cpu", factory=CountingFactory())
@@ -177,6 +181,7 @@ def test_trim_keeps_pinned_models_and_clear_drops_them() -> None:
     assert manager.loaded() == [] and manager._pinned == set()
 
 
+@pytest.mark.slow
 def test_a_pinning_request_that_waited_for_another_threads_load_pins_it() -> None:
     factory = CountingFactory(delay=0.4)
     manager = ModelManager(device="cpu", factory=factory)
@@ -320,6 +325,7 @@ class _OomPipeline:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
 
+@pytest.mark.slow
 def test_out_of_memory_trims_the_cache_and_advises_a_smaller_size() -> None:
     manager = ModelManager(device="cpu", factory=lambda task, size, **kw: _OomPipeline())
     manager.get(T("seg"), "0.4b")
@@ -436,12 +442,12 @@ def _normal_result(h: int = 300, w: int = 400):
 
 @pytest.mark.parametrize("make", [_normal_result, _matting_result])
 def test_present_writes_side_by_side_the_files_a_sequential_save_writes(tmp_path, monkeypatch, make) -> None:
-    from sapiens2.outputs import export
+    import cv2
 
     encoders: set[str] = set()
-    imencode = export.cv2.imencode
+    imencode = cv2.imencode
     monkeypatch.setattr(
-        export.cv2,
+        cv2,
         "imencode",
         lambda *a, **k: encoders.add(threading.current_thread().name) or imencode(*a, **k),
     )

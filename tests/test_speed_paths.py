@@ -57,6 +57,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", list(EXPECTED))
 def test_bf16_model_gives_float32_cpu_arrays(tiny_checkpoints, task: str) -> None:
     pipe = make_pipe(task, tiny_checkpoints[task], torch.bfloat16)
@@ -251,6 +252,7 @@ def test_torch_compile_is_a_reported_no_op_on_cpu(tiny_checkpoints, monkeypatch)
     assert compiling.torch_compile_support("cuda").startswith("ZeroGPU does not support torch.compile")
 
 
+@pytest.mark.slow
 def test_forced_compile_traces_and_matches_eager(tiny_checkpoints) -> None:
     """Dynamo can trace the model (what torch.compile on a GPU needs); the eager backend keeps
     the arithmetic, so outputs equal the eager model's, for two batch sizes."""

@@ -63,6 +63,7 @@ def video_args(clip: Any, task: str = "seg", stride: int = 2, max_frames: Any = 
     return [clip, task, None, stride, max_frames, 2, True]
 
 
+@pytest.mark.slow
 def test_pose_clip_end_to_end_through_gradio_client(server: Server, clip_file: Path, tmp_path: Path) -> None:
     client = Client(server.url, download_files=str(tmp_path), verbose=False)
     source, result, files, summary, line = client.predict(
@@ -84,6 +85,7 @@ def test_pose_clip_end_to_end_through_gradio_client(server: Server, clip_file: P
     assert "Note: No person detector" in line and "\nSeconds: reading frames " in line, line
 
 
+@pytest.mark.slow
 def test_dense_task_and_the_plan_before_it(server: Server, uploaded: dict[str, Any]) -> None:
     event, data, text = server.call("video_plan", [uploaded, "seg", None, 2, None])
     assert event == "complete", text[:300]
@@ -117,6 +119,7 @@ def test_limits_and_bad_options_give_clear_errors(
     assert data["title"] == title and words in data["error"], data
 
 
+@pytest.mark.slow
 def test_a_corrupt_clip_is_an_error_and_the_server_stays_up(
     server: Server, uploaded: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -131,6 +134,7 @@ def test_a_corrupt_clip_is_an_error_and_the_server_stays_up(
     assert event == "complete" and data[3]["frames"] == 3
 
 
+@pytest.mark.slow
 def test_a_path_the_server_never_received_is_refused(
     server: Server, uploaded: dict[str, Any], clip_file: Path
 ) -> None:
@@ -183,6 +187,7 @@ class CountingClips:
         return unit.run(self.manager)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["pose", "seg"])
 def test_one_device_call_per_clip_with_a_duration_that_fits_the_quota(
     tiny_checkpoints, tmp_path: Path, task: str

@@ -110,6 +110,7 @@ def toy() -> Iterator[registry.Task]:  # the toy task without video
         unregister(TOY)
 
 
+@pytest.mark.slow
 def test_albedo_runs_in_video_once_its_checkpoint_is_found(tiny_checkpoints, monkeypatch, tmp_path) -> None:
     path = tiny_checkpoints["albedo"] / "model.safetensors"
     monkeypatch.setenv("SAPIENS2_CHECKPOINTS", str(tmp_path / "empty"))

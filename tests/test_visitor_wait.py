@@ -80,6 +80,7 @@ def test_preview_caps_the_long_side_and_keeps_small_pictures_as_they_are(tmp_pat
         assert im.format == "JPEG" and im.size == (PREVIEW_SIDE, 1229)
 
 
+@pytest.mark.slow
 def test_served_result_previews_are_capped_and_downloads_full_size(client: Client, photo: Path) -> None:
     out = client.predict(handle_file(str(photo)), api_name="/seg")
     before, after = out[0]
@@ -93,6 +94,7 @@ def test_served_result_previews_are_capped_and_downloads_full_size(client: Clien
             assert im.size == (3000, 2000), path.name
 
 
+@pytest.mark.slow
 def test_downloads_are_served_from_the_request_folder_without_a_copy(server: Server, photo: Path) -> None:
     upload = {"path": server.upload(photo), "meta": {"_type": "gradio.FileData"}}
     event, data, text = server.call("seg", seg_args(upload))
@@ -114,6 +116,7 @@ def test_downloads_are_served_from_the_request_folder_without_a_copy(server: Ser
 # ----------------------------------------------------------------------------- run info
 
 
+@pytest.mark.slow
 def test_runner_records_every_server_stage_in_order(tiny_checkpoints, tmp_path, photo: Path) -> None:
     manager = serving.ModelManager(device="cpu", checkpoints=tiny_checkpoints)
     started: list[str] = []
@@ -128,6 +131,7 @@ def test_runner_records_every_server_stage_in_order(tiny_checkpoints, tmp_path, 
     assert list(stage_seconds(shown.line)) == SERVER_STAGES
 
 
+@pytest.mark.slow
 def test_served_run_info_has_every_stage_and_an_end_to_end_total(client: Client, photo: Path) -> None:
     info = client.predict(handle_file(str(photo)), api_name="/normal")[-1]
     stages = stage_seconds(info)
@@ -139,6 +143,7 @@ def test_served_run_info_has_every_stage_and_an_end_to_end_total(client: Client,
     assert total_of(info) <= sum(stages.values()) + 0.5 * max(1.0, sum(stages.values()))
 
 
+@pytest.mark.slow
 def test_all_tasks_status_carries_each_task_and_the_total(client: Client, photo: Path) -> None:
     out = client.predict(handle_file(str(photo)), api_name="/all")
     status = out[-1]
@@ -165,6 +170,7 @@ def test_a_notice_pops_up_once_and_stays_in_the_run_info(monkeypatch) -> None:
     assert info.splitlines()[0] == f"Pose (1b model on the CPU): done in 0.00 s. Note: {notice}"
 
 
+@pytest.mark.slow
 def test_pose_without_detector_says_so_in_every_run_info(client: Client) -> None:
     photo = ROOT / "assets" / "pexels-cc0-jockey-horse-racing.jpg"
     infos = [client.predict(handle_file(str(photo)), api_name="/pose")[-1] for _ in range(2)]

@@ -207,6 +207,7 @@ def test_worker_errors_cross_the_boundary_as_objects() -> None:
     assert type(fallback) is RuntimeError and str(fallback) == "Local: kept text"
 
 
+@pytest.mark.subprocess
 def test_only_own_children_are_ended() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -237,6 +238,7 @@ class _Stub:
         self.model = torch.nn.Linear(n, 1, bias=False).to(torch.bfloat16)
 
 
+@pytest.mark.slow
 def test_the_cache_reports_every_change_of_what_is_resident(monkeypatch) -> None:
     """on_change after each load (with its evictions), trim, clear and detector load, under the
     cache's lock; never for a cache hit. With zerogpu.resident_changed it moves the GPU entry's
@@ -263,6 +265,7 @@ def test_the_cache_reports_every_change_of_what_is_resident(monkeypatch) -> None
     assert calls == [True] * 6
 
 
+@pytest.mark.slow
 def test_app_managers_report_changes_to_the_gpu_entry(monkeypatch, tiny_checkpoints) -> None:
     """The app's managers (built by build_demo and by the command line) call
     zerogpu.resident_changed; on ZeroGPU the command line's also gets the byte budget and preloads."""
@@ -297,6 +300,7 @@ def test_app_managers_report_changes_to_the_gpu_entry(monkeypatch, tiny_checkpoi
 # ----------------------------------------------------------------------------- under spaces' emulation
 
 
+@pytest.mark.subprocess
 def test_real_shape_checkpoint_preloads_and_packs_under_zerogpu(tmp_path: Path) -> None:
     """The issue's proof: a real-shape 0.1b bf16 checkpoint in a Hub cache loads onto ZeroGPU's
     emulated CUDA through the app's path (pipeline -> load_model) and spaces packs it."""
@@ -312,6 +316,7 @@ def test_real_shape_checkpoint_preloads_and_packs_under_zerogpu(tmp_path: Path) 
     assert "pin_memory" in out["direct_cuda_error"]
 
 
+@pytest.mark.subprocess
 def test_gpu_entry_residency_under_zerogpu(tmp_path: Path, tiny_checkpoints) -> None:
     a = tiny_checkpoints["features"] / "model.safetensors"
     b = tmp_path / "b.safetensors"
@@ -336,6 +341,7 @@ def test_gpu_entry_residency_under_zerogpu(tmp_path: Path, tiny_checkpoints) -> 
     assert out["plain_second"][0] == out["plain_first"][0] and out["plain_second"][1] is False
 
 
+@pytest.mark.subprocess
 def test_through_the_app_a_gpu_call_never_loads_under_zerogpu(tmp_path: Path, tiny_checkpoints) -> None:
     """app.build_demo's one GPU entry, its model cache and Runner under spaces' emulation: before
     the server loaded the model, and after it dropped it, the worker refuses (ResidencyError from
@@ -459,6 +465,7 @@ def _left_after(calls: list[dict]) -> list[int]:
     return [c["left_after_s"] for c in calls]
 
 
+@pytest.mark.subprocess
 def test_all_tasks_completes_on_a_fresh_anonymous_quota(tmp_path: Path, quota_checkpoints: Path) -> None:
     """One admission for every task, charged the seconds requested, on a fresh 120 s quota."""
     out = run_scenario("quota", tmp_path, str(quota_checkpoints), "requested", "120", "all", timeout=900)
@@ -468,6 +475,7 @@ def test_all_tasks_completes_on_a_fresh_anonymous_quota(tmp_path: Path, quota_ch
     assert len(run["calls"]) == 1 and run["calls"][0]["approved"] and run["calls"][0]["requested_s"] <= 120
 
 
+@pytest.mark.subprocess
 def test_all_tasks_with_40_s_left_completes_in_one_admission(tmp_path: Path, quota_checkpoints: Path) -> None:
     """The issue's 40 s case: the one admission (every task) is charged less than 40 s, so
     nothing is refused any more (the before/after logs are in docs/ZEROGPU.md)."""
@@ -479,6 +487,7 @@ def test_all_tasks_with_40_s_left_completes_in_one_admission(tmp_path: Path, quo
     assert len(run["done"]) == len(registry_names())
 
 
+@pytest.mark.subprocess
 def test_all_tasks_short_of_quota_keeps_what_ran_and_says_why(
     tmp_path: Path, quota_checkpoints: Path
 ) -> None:
@@ -503,6 +512,7 @@ def registry_names() -> list[str]:
     return list(registry.all_tasks())
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("policy", ["requested", "used"])
 def test_default_pose_video_of_a_150_frame_720p_clip_fits_a_fresh_quota(
     tmp_path: Path, quota_checkpoints: Path, policy: str
@@ -518,6 +528,7 @@ def test_default_pose_video_of_a_150_frame_720p_clip_fits_a_fresh_quota(
     assert ("Reduced to" in run["plan"]) == (planned < 150)
 
 
+@pytest.mark.subprocess
 def test_video_with_40_s_left_returns_the_frames_that_fit(tmp_path: Path, quota_checkpoints: Path) -> None:
     out = run_scenario("quota", tmp_path, str(quota_checkpoints), "requested", "40", "video", timeout=900)
     run = out["video"]
@@ -530,6 +541,7 @@ def test_video_with_40_s_left_returns_the_frames_that_fit(tmp_path: Path, quota_
     assert Path(run["video"]).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_all_tasks_keeps_the_tasks_done_when_the_gpu_fails_partway(tiny_checkpoints, tmp_path: Path) -> None:
     """The one admission streams each task's raws: when the worker is aborted after two tasks,
     both are presented and the others get one error saying which and why."""
@@ -594,6 +606,7 @@ def _fake_spaces(monkeypatch, fails: int, *, stream: bool = False) -> list[int]:
     return starts
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_is_retried_once_then_the_gpu_is_unavailable(monkeypatch) -> None:
     starts = _fake_spaces(monkeypatch, fails=1)
     assert GpuEntry(lambda x: x + 1, 5, zero_gpu=True)(2) == 3 and len(starts) == 2  # the one retry ran it
@@ -611,6 +624,7 @@ def test_a_worker_that_cannot_start_is_retried_once_then_the_gpu_is_unavailable(
     assert len(starts) == 1
 
 
+@pytest.mark.slow
 def test_a_stream_whose_worker_cannot_start_keeps_the_tasks_done(
     monkeypatch, tiny_checkpoints, tmp_path
 ) -> None:
@@ -636,6 +650,7 @@ def test_a_stream_whose_worker_cannot_start_keeps_the_tasks_done(
             assert "The GPU is unavailable right now" in str(shown["seg"])
 
 
+@pytest.mark.subprocess
 def test_a_failed_worker_start_under_the_emulation(tmp_path: Path) -> None:
     """spaces' own wrappers, os.fork failing with ENOMEM in the server: once is retried and runs
     in a worker, twice is the GPU being unavailable, and the next call starts a worker as usual."""

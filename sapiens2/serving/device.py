@@ -100,12 +100,11 @@ class Detect:
     options: Mapping[str, Any]
 
     def infer(self, manager: ModelManager) -> list[Any]:
+        hook = self.task.video.detect if self.task.video else None
+        if hook is None:  # said before residency: the request is wrong whatever is loaded
+            raise OptionError(f"The {self.task.api_name} task has no person detection.")
         with loading_forbidden():
-            pipe = manager.get(self.task, self.size, load=False)
-            hook = self.task.video.detect if self.task.video else None
-            if hook is None:
-                raise OptionError(f"The {self.task.api_name} task has no person detection.")
-            find = hook(pipe, self.options)
+            find = hook(manager.get(self.task, self.size, load=False), self.options)
             return [find(rgb) for rgb in self.rgbs]
 
 
