@@ -313,3 +313,28 @@ def test_the_name_checks_find_what_they_check(tmp_path: Path) -> None:
     assert list(shared_base_names(made)) == ["runner.py"]
     assert shared_class_names(made)["Job"][0] == "__init__.py:1" and len(shared_class_names(made)["Job"]) == 6
     assert prefixed_elsewhere(made, "pose", tmp_path / "pose") == [tmp_path / "ops" / "pose_codec.py"]
+
+
+#: A module holds one idea; past this many lines it is usually two (the networks in models/nn/
+#: follow their checkpoints' structure, one file per architecture, and are exempt).
+MAX_MODULE_LINES = 400
+EXEMPT_FROM_LENGTH = PACKAGE / "models" / "nn"
+
+
+def long_modules(paths: list[Path], limit: int = MAX_MODULE_LINES) -> list[str]:
+    lines = {
+        p: len(p.read_text(encoding="utf-8").splitlines())
+        for p in paths
+        if EXEMPT_FROM_LENGTH not in p.parents
+    }
+    return [f"{p} ({n} lines)" for p, n in lines.items() if n > limit]
+
+
+def test_no_module_over_400_lines_outside_models_nn(tmp_path: Path) -> None:
+    found = long_modules(package_modules())
+    assert not found, f"modules over {MAX_MODULE_LINES} lines (split them along their ideas):\n" + "\n".join(
+        found
+    )
+    planted = tmp_path / "long.py"
+    planted.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_modules([planted]) == [f"{planted} ({MAX_MODULE_LINES + 1} lines)"]
