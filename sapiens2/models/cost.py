@@ -184,7 +184,7 @@ def clamp(seconds: float) -> int:
 
 def cpu_frame_seconds(macs: float) -> float:
     """Seconds one frame takes on a CPU whose forwards do ``macs`` multiply-accumulates."""
-    return macs / CPU_MACS_PER_S + CPU_FRAME_OVERHEAD_S
+    return cpu_forward_seconds(macs) + CPU_FRAME_OVERHEAD_S
 
 
 def cpu_forward_seconds(macs: float) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ..errors import OptionError
 
@@ -17,7 +17,7 @@ from ..errors import OptionError
 #: float32 cells; ``npy``: a photo-size array as ``.npy`` bytes in ``dtype``; ``png``: a uint8 or
 #: bool (H, W) or (H, W, 3) picture as PNG bytes; ``float``: a float32 number; ``string``: text.
 ColumnKind = Literal["tensor", "npy", "png", "float", "string"]
-KINDS: tuple[str, ...] = ("tensor", "npy", "png", "float", "string")
+KINDS: tuple[str, ...] = get_args(ColumnKind)
 NPY_DTYPES: tuple[str, ...] = ("float16", "float32")
 
 

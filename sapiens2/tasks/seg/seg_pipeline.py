@@ -21,6 +21,7 @@ from ...data.metadata import SEG_CLASS_NAMES, SEG_PALETTE, seg_class_ids
 from ...errors import OptionError
 from ...inputs.intake import Intake
 from ...inputs.network import dense_input
+from ...models.boxes import as_boxes
 from ...models.zoo import get_task
 from ...outputs.writers import NOW, Writer
 from ..base import Pipeline, TaskResult
@@ -42,8 +43,6 @@ __all__ = ["TASK", "SegLogits", "SegPipeline", "SegRaw", "SegResult", "person_ma
 
 def _as_boxes(boxes: Any) -> np.ndarray:
     """Person boxes (P, 4) as float64 x1, y1, x2, y2 in original-image pixels."""
-    from ...models.detector import as_boxes
-
     return as_boxes(boxes, dtype=np.float64)
 
 
