@@ -39,9 +39,9 @@ from request import DTYPES, PHOTO, shape_model  # noqa: E402
 
 from sapiens2.runtime import threads as cpu_threads  # noqa: E402
 from sapiens2.tasks import pipeline_class  # noqa: E402
+from sapiens2.tasks.pose.keypoint_smoothing import OneEuroFilter  # noqa: E402
 from sapiens2.video import VideoLimits, VideoWriter, run_video  # noqa: E402
 from sapiens2.video.clip_steps import staged  # noqa: E402
-from sapiens2.video.smoothing import OneEuroFilter  # noqa: E402
 
 OPTIONS = {
     "pose": {},

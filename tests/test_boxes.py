@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from sapiens2.models import boxes, detector
-from sapiens2.video import tracking
+from sapiens2.tasks.pose import track_matching as tracking
 
 
 def _numpy_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:

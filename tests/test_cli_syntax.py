@@ -176,7 +176,7 @@ def test_a_wrong_checkpoint_is_explained_without_python(tiny_checkpoints, tmp_pa
 
 
 def test_writing_a_webm_prints_no_opencv_tag_warning(tmp_path: Path, capfd) -> None:
-    from sapiens2.video.writer import VideoWriter
+    from sapiens2.outputs.webm_writer import VideoWriter
 
     with VideoWriter(tmp_path / "c.webm", 10) as out:
         for k in range(3):
@@ -194,7 +194,7 @@ def test_a_quick_load_leaves_no_progress_line(tiny_checkpoints, capfd) -> None:
 
 
 def test_per_frame_values_make_one_notice(tmp_path: Path) -> None:
-    from sapiens2.video.frame_handlers import FrameHandler
+    from sapiens2.tasks.clip_frames import FrameHandler
 
     handler = FrameHandler({}, raw_cap=0)
     for scale in (-0.193, -0.144, -0.206):

@@ -16,12 +16,16 @@ import pytest
 from video_clips import write_clip
 
 from sapiens2 import serving
+from sapiens2.outputs import webm_writer as writer
 from sapiens2.serving import clip_call, device
 from sapiens2.serving.device import READY, Batch, Clip, Feed, Stopped
 from sapiens2.serving.motion_requests import MotionRequests
 from sapiens2.serving.video import VideoRequests
 from sapiens2.tasks import registry
-from sapiens2.video import TrackingOptions, clip_motion, clip_runner, clip_steps, frame_handlers, writer
+from sapiens2.tasks.clip_frames import DenseFrames
+from sapiens2.tasks.pointmap.pointmap_clip import DepthFrames
+from sapiens2.tasks.pose.pose_clip import PoseFrames
+from sapiens2.video import TrackingOptions, clip_motion, clip_runner, clip_steps
 
 T = registry.get
 
@@ -31,11 +35,11 @@ HOST = [
     (clip_runner, "load_image", "intake"),
     (clip_runner, "prepare_batch", "prepare"),
     (clip_runner, "finish_batch", "finish"),
-    (frame_handlers.PoseFrames, "options_for", "track"),
-    (frame_handlers.PoseFrames, "consume", "render"),
-    (frame_handlers.DenseFrames, "consume", "render"),
-    (frame_handlers.DepthFrames, "consume", "render"),
-    (frame_handlers.DepthFrames, "deferred", "render"),
+    (PoseFrames, "options_for", "track"),
+    (PoseFrames, "consume", "render"),
+    (DenseFrames, "consume", "render"),
+    (DepthFrames, "consume", "render"),
+    (DepthFrames, "deferred", "render"),
     (clip_motion.MotionDepth, "consume", "lift"),
     (writer.VideoWriter, "write", "encode"),
 ]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from video_clips import write_clip
 
+from sapiens2.tasks.pointmap.clip_depth_align import DepthAligner
 from sapiens2.video import run_video
-from sapiens2.video.clip_depth_align import DepthAligner
 
 H, W, T = 90, 160, 30
 WALL = (slice(0, 20), slice(0, W))  # the top rows: never crossed by the person

@@ -38,8 +38,8 @@ from sapiens2.serving.live import (
 )
 from sapiens2.tasks import registry
 from sapiens2.tasks.base import run_batch
-from sapiens2.video.depth import DepthScale, foreground_depth, global_depth_bounds
-from sapiens2.video.people import TrackingOptions
+from sapiens2.tasks.pointmap.frame_depth_colours import DepthScale, foreground_depth, global_depth_bounds
+from sapiens2.tasks.pose.pose_tracking import TrackingOptions
 
 FAST = "512x384"
 T = registry.get  # tests name tasks; the package below the edges takes Task objects

@@ -11,8 +11,8 @@ import pytest
 from video_clips import H, W, boxes_at, count_frames, find_boxes, write_clip
 
 from sapiens2.errors import InputImageError, InputVideoError, OptionError
+from sapiens2.outputs.webm_writer import VideoWriter, even_frame
 from sapiens2.video.reader import VideoLimits, iter_frames, probe_video
-from sapiens2.video.writer import VideoWriter, even_frame
 
 
 @pytest.mark.parametrize(("suffix", "fps"), [(".mp4", 10.0), (".webm", 12.5), (".mov", 24.0), (".gif", 10.0)])

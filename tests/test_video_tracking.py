@@ -8,9 +8,13 @@ from video_clips import boxes_at
 
 from sapiens2.errors import OptionError
 from sapiens2.outputs.render import depth_to_turbo, turbo_lut
-from sapiens2.video.depth import foreground_depth, global_depth_bounds, render_depth_frame
-from sapiens2.video.smoothing import KeypointSmoother, OneEuroFilter
-from sapiens2.video.tracking import IoUTracker, greedy_match, iou_matrix, keypoint_box
+from sapiens2.tasks.pointmap.frame_depth_colours import (
+    foreground_depth,
+    global_depth_bounds,
+    render_depth_frame,
+)
+from sapiens2.tasks.pose.keypoint_smoothing import KeypointSmoother, OneEuroFilter
+from sapiens2.tasks.pose.track_matching import IoUTracker, greedy_match, iou_matrix, keypoint_box
 
 # ---------------------------------------------------------------- tracker
 

@@ -642,10 +642,10 @@ def scenario_live_admission(tmp: Path, checkpoints_json: str, policy: str, frame
 #: and after issue 36's item 4, so the scenario reads both layouts.
 CLIP_WORK = [
     ("sapiens2.video.clip_runner", "iter_frames", "decode"),
-    ("sapiens2.video.writer:VideoWriter", "write", "encode"),
-    ("sapiens2.video.frame_handlers:PoseFrames", "consume", "render"),
-    ("sapiens2.video.frame_handlers:DenseFrames", "consume", "render"),
-    ("sapiens2.video.frame_handlers:DepthFrames", "deferred", "render"),
+    ("sapiens2.outputs.webm_writer:VideoWriter", "write", "encode"),
+    ("sapiens2.tasks.clip_frames:PoseFrames", "consume", "render"),
+    ("sapiens2.tasks.clip_frames:DenseFrames", "consume", "render"),
+    ("sapiens2.tasks.clip_frames:DepthFrames", "deferred", "render"),
     ("sapiens2.tasks.pose.pose_pipeline:PosePipeline", "prepare", "prepare"),
     ("sapiens2.tasks.pointmap.pointmap_pipeline:PointmapPipeline", "prepare", "prepare"),
     ("sapiens2.tasks.pose.pose_pipeline:PosePipeline", "finish", "finish"),

@@ -23,10 +23,12 @@ from ..inputs.intake import load_image
 from ..models import cost
 from ..models.zoo import ARCHS
 from ..tasks.base import finish_batch, prepare_batch
+from ..tasks.clip_frames import handler_class
+from ..tasks.pointmap.frame_depth_colours import DepthScale, foreground_depth, render_depth_frame
+from ..tasks.pointmap.pointmap_clip import DepthFrames
+from ..tasks.pose.pose_clip import PoseFrames
+from ..tasks.pose.pose_tracking import FramePeople, PoseTracking, draw_people
 from ..tasks.registry import Task
-from ..video.depth import DepthScale, foreground_depth, render_depth_frame
-from ..video.frame_handlers import HANDLERS, DepthFrames, PoseFrames
-from ..video.people import FramePeople, PoseTracking, draw_people
 from .cache import ModelManager
 from .device import Batch, Detect, Device, OneTask, local_device
 from .frame_cost import frame_macs, served_frame_macs
@@ -81,7 +83,7 @@ class LiveSession:
         restart = self._last_done is not None and at - self._last_done > RESTART_AFTER_S
         if self._setup is None or setup.key != self._setup.key or restart:
             # the state a stream keeps is its declared handler's (tracks: people; depth: colour scale)
-            handler = HANDLERS[setup.decl.video.handler] if setup.decl.video else None
+            handler = handler_class(setup.decl) if setup.decl.video else None
             if handler is not None and issubclass(handler, PoseFrames):
                 threshold = float({**setup.decl.video_render_defaults(), **setup.given}["threshold"])
                 setup.people = PoseTracking(options.tracking, threshold)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import OptionError
+from ..tasks.pointmap.frame_depth_colours import DepthScale
+from ..tasks.pose.pose_tracking import PoseTracking, TrackingOptions
 from ..tasks.registry import Task
-from ..video.depth import DepthScale
-from ..video.people import PoseTracking, TrackingOptions
 from .cache import ModelManager
 
 #: The model size a live view starts with where the task offers it (else the task's default).

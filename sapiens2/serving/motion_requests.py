@@ -23,9 +23,9 @@ from typing import Any
 
 from ..errors import GpuUnavailableError, InputVideoError
 from ..outputs.export import file_stem
+from ..tasks.pose.pose_clip_files import pose_arrays
+from ..tasks.pose.pose_tracking import TrackingOptions
 from ..video.clip_motion import POINTMAP, POSE, MotionDepth, MotionOptions, MotionResult, finish_motion
-from ..video.exports import pose_arrays
-from ..video.frame_handlers import TrackingOptions
 from ..zerogpu.quota import cost_notice
 from .clip_call import ClipCall
 from .video import VideoJob, VideoRequests

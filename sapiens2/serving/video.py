@@ -21,10 +21,11 @@ from typing import Any
 
 from ..errors import GpuUnavailableError, InputVideoError, OptionError
 from ..models import cost
+from ..tasks.clip_frames import handler_class
+from ..tasks.pose.pose_tracking import TrackingOptions
 from ..tasks.registry import Task, Video
 from ..video.clip_plan import VideoPlan, VideoResult, plan_video
 from ..video.clip_runner import ClipRun, clip_run
-from ..video.frame_handlers import TrackingOptions, handler_class
 from ..video.reader import VideoLimits
 from ..zerogpu.quota import cost_notice, gpu_request
 from .cache import ModelManager

@@ -101,10 +101,9 @@ class Video:
     """A task that runs on clips (``sapiens2.video``): how its frames are handled. Video code reads
     only this; no name of a task appears there.
 
-    ``handler``: the frame handler kind in ``sapiens2.video.frame_handlers`` ("frames": each frame
-    rendered as its photo result; "depth": a clip-wide hook, every frame rendered at the end with
-    the clip's depth bounds, from the result's ``depth`` and ``mask``; "tracks": people found by
-    ``detect``, tracked and smoothed, drawn as keypoints, with the track exports).
+    ``handler``: the task's clip handler, a ``sapiens2.tasks.clip_frames.FrameHandler`` subclass
+    from its own folder (pose's tracks people; the pointmap's colours every frame at the end with
+    the clip's depth bounds); None: each frame rendered as its photo result.
     ``raw_fields``: result attribute -> dtype it is kept in for the clip's per-frame NPZ (None: as
     it is); a task with none writes no NPZ. ``render_overrides``: video render options that differ
     from, or add to, the defaults of the task's render options (pose: no boxes but track ids, since
@@ -112,7 +111,7 @@ class Video:
     -> (rgb -> detections with .boxes)``, for tasks whose frames need person boxes (the detector
     every K frames, tracking between); None: frames are inferred whole."""
 
-    handler: Literal["frames", "depth", "tracks"] = "frames"
+    handler: type | None = None
     raw_fields: Mapping[str, Any] = field(default_factory=dict)
     render_overrides: Mapping[str, Any] = field(default_factory=dict)
     detect: Callable[[Any, Mapping[str, Any]], Callable[[Any], Any]] | None = None

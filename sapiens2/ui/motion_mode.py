@@ -11,7 +11,7 @@ import gradio as gr
 
 from ..serving.motion_requests import MotionRequests
 from ..serving.present import clip_info, running
-from ..video.frame_handlers import TrackingOptions
+from ..tasks.pose.pose_tracking import TrackingOptions
 from .error_board import BOARD, reported, shown_error, warn
 from .inputs import refuse
 from .widgets import whole_number

@@ -14,8 +14,8 @@ from ..errors import OptionError
 from ..inputs.limits import MAX_FILE_BYTES
 from ..serving.present import CLIP_PARTS, clip_info, running
 from ..serving.video import VideoRequests
+from ..tasks.pose.pose_tracking import TrackingOptions
 from ..tasks.registry import Task
-from ..video.frame_handlers import TrackingOptions
 from ..video.reader import VideoLimits
 from .error_board import BOARD, reported, shown_error, warn
 from .gpu import gpu_device

@@ -1,10 +1,9 @@
 """Video: a clip through a task pipeline in batches, rendered back to a browser-playable video.
 
-Modules, each usable alone: ``reader`` (checked decoding, limits), ``writer`` (VP8/WebM),
-``tracking`` (IoU tracker, stable person ids), ``smoothing`` (One-Euro filter), ``depth``
-(clip-wide depth colour bounds), ``clip_depth_align`` (depth held still over time), ``clip_motion``
-(pose + pointmap -> 3D motion), ``exports`` (pose tracks JSON, NPZ under a cap),
-``frame_handlers`` (per-task frame handling) and ``clip_runner`` (:func:`run_video`). No UI code here.
+Modules, each usable alone: ``reader`` (checked decoding, limits; the VP8/WebM writer is ``outputs/webm_writer``),
+``clip_plan`` and ``clip_runner`` (:func:`run_video`), ``clip_steps``, ``clip_motion`` (pose +
+pointmap -> 3D motion). What a task does with each frame (its clip handler, tracking, smoothing,
+depth colours) lives in its folder under ``sapiens2/tasks/``. No UI code here.
 
 Public names are imported lazily, so ``import sapiens2.video`` stays cheap.
 """
@@ -19,19 +18,19 @@ _LAZY = {
     "VideoInfo": ".reader",
     "probe_video": ".reader",
     "iter_frames": ".reader",
-    "VideoWriter": ".writer",
-    "IoUTracker": ".tracking",
-    "OneEuroFilter": ".smoothing",
-    "KeypointSmoother": ".smoothing",
-    "global_depth_bounds": ".depth",
-    "TrackingOptions": ".people",
-    "PoseTracking": ".people",
-    "DepthScale": ".depth",
+    "VideoWriter": "..outputs.webm_writer",
+    "IoUTracker": "..tasks.pose.track_matching",
+    "OneEuroFilter": "..tasks.pose.keypoint_smoothing",
+    "KeypointSmoother": "..tasks.pose.keypoint_smoothing",
+    "global_depth_bounds": "..tasks.pointmap.frame_depth_colours",
+    "TrackingOptions": "..tasks.pose.pose_tracking",
+    "PoseTracking": "..tasks.pose.pose_tracking",
+    "DepthScale": "..tasks.pointmap.frame_depth_colours",
     "VideoPlan": ".clip_plan",
     "VideoResult": ".clip_plan",
     "plan_video": ".clip_plan",
     "run_video": ".clip_runner",
-    "DepthAligner": ".clip_depth_align",
+    "DepthAligner": "..tasks.pointmap.clip_depth_align",
     "MotionOptions": ".clip_motion",
     "run_motion": ".clip_motion",
 }

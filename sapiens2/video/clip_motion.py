@@ -8,14 +8,14 @@ Two passes over the same frames (same stride, limits and cut), each the ordinary
    track ids, boxes, keypoints (as the model found them) and scores;
 2. **pointmap** (with its segmentation: the people's mask) through :class:`MotionDepth`, the
    depth handler plus the lifting: every frame's depth is aligned to the clip
-   (:mod:`sapiens2.video.clip_depth_align`) and each person's keypoints of that frame are read from the
+   (:mod:`sapiens2.tasks.pointmap.clip_depth_align`) and each person's keypoints of that frame are read from the
    pointmap on their own mask (:func:`sapiens2.tasks.pose.pose_lift.lift_keypoints`). It writes
    ``<name>_lifted.npz`` (raw 3D points) next to its files, which the next step reads and removes.
 
 Then, on the CPU (:func:`finish_motion`): the depth factors applied, points scoring below the
 keypoint threshold dropped, gaps of at most ``max_gap`` processed frames inside a track filled
 by linear interpolation in time and marked (``bridged``), and each track smoothed in 3D by the
-One-Euro filter (:mod:`sapiens2.video.smoothing`, here in metres: ``beta`` per m/s). Files:
+One-Euro filter (:mod:`sapiens2.tasks.pose.keypoint_smoothing`, here in metres: ``beta`` per m/s). Files:
 ``<name>_motion.glb``, ``<name>_keypoints3d.npz``, ``<name>_keypoints3d.csv`` and
 ``<name>_motion.bvh`` (:mod:`sapiens2.tasks.pose.motion_files`, :mod:`sapiens2.tasks.pose.bvh`).
 
@@ -36,15 +36,16 @@ import numpy as np
 
 from ..errors import OptionError
 from ..outputs.export import file_stem, safe_path
+from ..tasks.clip_arrays import RAW_CAP_BYTES, save_npz
+from ..tasks.pointmap.pointmap_clip import DepthFrames, people_mask
 from ..tasks.pointmap.pointmap_pipeline import TASK as POINTMAP
+from ..tasks.pose.keypoint_smoothing import OneEuroFilter
 from ..tasks.pose.pose_lift import MIN_SAMPLES, WINDOW, lift_keypoints
 from ..tasks.pose.pose_pipeline import TASK as POSE
+from ..tasks.pose.pose_tracking import TrackingOptions
 from .clip_plan import VideoResult
 from .clip_runner import iter_video
-from .exports import RAW_CAP_BYTES, save_npz
-from .frame_handlers import DepthFrames, TrackingOptions, people_mask
 from .reader import VideoLimits
-from .smoothing import OneEuroFilter
 
 LIFTED_SUFFIX = "_lifted.npz"
 

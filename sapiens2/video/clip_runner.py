@@ -20,15 +20,16 @@ import numpy as np
 from ..errors import InputImageError, OptionError, Sapiens2Error
 from ..inputs.intake import Intake, load_image
 from ..outputs.export import file_stem, safe_path
+from ..outputs.webm_writer import VIDEO_SUFFIX, VideoWriter
 from ..tasks import registry
 from ..tasks.base import finish_batch, prepare_batch
+from ..tasks.clip_arrays import RAW_CAP_BYTES
+from ..tasks.clip_frames import Detect, DetectMany, FrameHandler, handler_class
+from ..tasks.pose.pose_tracking import TrackingOptions
 from ..tasks.registry import Task
 from .clip_plan import VideoPlan, VideoResult, has_audio, plan_video
 from .clip_steps import ClipStopped, Infer, LocalSteps, Steps, budget_stop, staged
-from .exports import RAW_CAP_BYTES
-from .frame_handlers import Detect, DetectMany, FrameHandler, TrackingOptions, handler_class
 from .reader import VideoLimits, iter_frames
-from .writer import VIDEO_SUFFIX, VideoWriter
 
 MAX_BATCH = 64
 

@@ -31,6 +31,7 @@ from ..registry import OnDemand, Task, Video, View
 from ..result_record import Column, Record
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
+from .pointmap_clip import DepthFrames
 from .pointmap_files import (
     foreground_points,
     full_resolution_names,
@@ -301,6 +302,6 @@ TASK = Task(
     borrows=(SEG,),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
-    video=Video(handler="depth", raw_fields={"depth": np.float32, "mask": None}),
+    video=Video(handler=DepthFrames, raw_fields={"depth": np.float32, "mask": None}),
     record=RECORD,
 )

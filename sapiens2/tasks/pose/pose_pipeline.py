@@ -31,6 +31,7 @@ from ..options import Option
 from ..registry import Switch, Task, Video, View
 from ..result_record import Column, Record
 from . import pose_3d
+from .pose_clip import PoseFrames
 from .pose_codec import decode_crops, decode_heatmaps, flip_back, merge_flip
 from .pose_crops import apply_affine, crop_geometry, crop_people, crops_to_device, warp_crops
 from .pose_result import KEYPOINT_FORMATS, PoseResult
@@ -355,7 +356,7 @@ TASK = Task(
     ),
     file_groups=(KEYPOINT_FORMATS,),
     video=Video(
-        handler="tracks",
+        handler=PoseFrames,
         render_overrides={"show_boxes": False, "show_ids": True},
         detect=_video_detect,
     ),

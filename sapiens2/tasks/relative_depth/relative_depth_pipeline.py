@@ -25,6 +25,7 @@ from ..base import TaskResult
 from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
+from ..pointmap.pointmap_clip import DepthFrames
 from ..registry import Task, Video, View
 from ..result_record import Column, Record
 from ..seg.seg_pipeline import TASK as SEG
@@ -189,6 +190,6 @@ TASK = Task(
     borrows=(SEG,),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
-    video=Video(handler="depth", raw_fields={"depth": np.float32, "mask": None}),
+    video=Video(handler=DepthFrames, raw_fields={"depth": np.float32, "mask": None}),
     record=RECORD,
 )

@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from ..errors import OptionError
+from ...errors import OptionError
 
 
 def _alpha(cutoff: np.ndarray | float, dt: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """People over time, one frame at a time: the state a clip and a live stream share.
 
-:class:`PoseTracking` holds the tracker (:mod:`sapiens2.video.tracking`) and the keypoint smoother
-(:mod:`sapiens2.video.smoothing`) and answers, per frame, the two questions a pose stream asks:
+:class:`PoseTracking` holds the tracker (:mod:`sapiens2.tasks.pose.track_matching`) and the keypoint smoother
+(:mod:`sapiens2.tasks.pose.keypoint_smoothing`) and answers, per frame, the two questions a pose stream asks:
 which boxes to run the pose model in (:meth:`PoseTracking.people`: the detector's on every K-th
 frame, the tracker's carried boxes in between) and where each tracked person's keypoints are
 once the model has run (:meth:`PoseTracking.follow`: smoothed along the track, the track's box
@@ -18,17 +18,17 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..errors import OptionError
-from ..tasks.pose.pose_render import draw_pose, pose_style
-from .smoothing import KeypointSmoother
-from .tracking import IoUTracker
+from ...errors import OptionError
+from .keypoint_smoothing import KeypointSmoother
+from .pose_render import draw_pose, pose_style
+from .track_matching import IoUTracker
 
 
 @dataclass(frozen=True)
 class TrackingOptions:
     """Pose over time. ``detect_every``: run the person detector on every K-th PROCESSED frame
     (1 = every frame); boxes are carried by the tracker in between. See
-    :mod:`sapiens2.video.tracking` and :mod:`sapiens2.video.smoothing` for the others."""
+    :mod:`sapiens2.tasks.pose.track_matching` and :mod:`sapiens2.tasks.pose.keypoint_smoothing` for the others."""
 
     detect_every: int = 5
     iou_threshold: float = 0.3

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..outputs.render import depth_to_turbo
+from ...outputs.render import depth_to_turbo
 
 MAX_SAMPLES = 2_000_000
 

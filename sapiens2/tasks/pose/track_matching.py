@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import OptionError
-from ..models.boxes import iou_matrix
+from ...errors import OptionError
+from ...models.boxes import iou_matrix
 
 _BOX_PAD = 0.1  # a keypoint box is widened by 10% per side, about the margin of a detector box
 
