@@ -26,6 +26,7 @@ from sapiens2.errors import OptionError  # noqa: E402
 from sapiens2.models import cost  # noqa: E402
 from sapiens2.serving.video import VideoRequests  # noqa: E402
 from sapiens2.tasks import registry  # noqa: E402
+from sapiens2.tasks.result_record import ResultArray  # noqa: E402
 from sapiens2.ui import video_tab  # noqa: E402
 
 FRAMES, FPS = 5, 10.0
@@ -41,7 +42,12 @@ class SeeingInvert(InvertPipeline):
         return super().infer(batch, **opts)
 
 
-VIDEO_TOY = replace(TOY, pipeline=SeeingInvert, video=registry.Video(raw_fields={"inverted": np.uint8}))
+VIDEO_TOY = replace(
+    TOY,
+    pipeline=SeeingInvert,
+    video=registry.Video(),
+    arrays=(ResultArray("inverted", "uint8", "the inverted photo"),),
+)
 
 
 @pytest.fixture

@@ -10,10 +10,11 @@ compact (as the built-in tasks declare them):
   ``boxes`` (people x 4, x1 y1 x2 y2), ``box_scores``, ``detection`` (how people were found),
   ``keypoint_set`` (a Sapiens v1 17/133 model's points are lifted into the 308 layout);
 * seg: ``labels_png``, the class ids (0-28) as a one-channel 8-bit PNG;
-* normal, pointmap, albedo, matting: photo-size arrays as ``.npy`` bytes in float16
-  (:func:`read_array`), compressed by Parquet (zstd), with the person mask as a PNG where there
-  is one; pointmap adds ``scale`` and the focal lengths;
-* depth (Sapiens v1): ``depth``, relative depth as float32 ``.npy`` bytes, and ``mask_png``;
+* normal, pointmap, albedo, matting, depth (Sapiens v1): photo-size arrays as ``.npy`` bytes in
+  the dtype the task's ``ResultArray`` declares, the same as its photo download and its clip NPZ
+  (normals, albedo, alpha, foreground float16; pointmap and v1 depth float32; :func:`read_array`),
+  compressed by Parquet (zstd), with the person mask as a PNG where there is one; pointmap adds
+  ``scale`` and the focal lengths;
 * features: ``embedding``, the backbone's CLS vector.
 
 Why arrays inside the table and not files beside it: a part of the table is committed in one
@@ -38,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import OptionError
+from ..outputs.export import cast_array
 from ..outputs.png import png_chunks
 from ..tasks import registry
 from ..tasks.registry import Task
@@ -73,20 +75,15 @@ def png_bytes(image: np.ndarray) -> bytes:
     arr = np.asarray(image)
     if arr.dtype == bool:
         arr = arr.astype(np.uint8) * 255
+    if arr.dtype != np.uint8:  # png_chunks would write the bytes of any dtype as 8-bit rows
+        raise OptionError(f"A PNG column needs uint8 or bool pixels, got {arr.dtype}.")
     return b"".join(png_chunks(arr))
 
 
 def npy_bytes(array: np.ndarray, dtype: Any = np.float16) -> bytes:
     """``.npy`` bytes of ``array`` cast to ``dtype`` (finite values clipped to its range; NaN stays)."""
-    arr = np.asarray(array)
-    dt = np.dtype(dtype)
-    if dt.kind == "f" and arr.dtype.kind == "f" and arr.dtype != dt:
-        lim = float(np.finfo(dt).max)
-        out = np.empty(arr.shape, dt)
-        np.clip(arr, -lim, lim, out=out, casting="unsafe")
-        arr = out
     buf = io.BytesIO()
-    np.save(buf, arr.astype(dt, copy=False), allow_pickle=False)
+    np.save(buf, cast_array(array, dtype), allow_pickle=False)
     return buf.getvalue()
 
 

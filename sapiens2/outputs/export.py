@@ -101,22 +101,29 @@ def write_png_palette(path: str | Path, ids: Any, palette: Any, *, writer: Write
     return writer.write(_prepare(path), lambda p: png.write_png_file(p, arr, pal))
 
 
-def write_npy(path: str | Path, array: Any, dtype: Any = None, *, writer: Writer = NOW) -> Path:
-    """np.save of the array, cast to dtype if given (finite values clipped to a float dtype's range);
-    the cast runs with the writing."""
+def cast_array(array: Any, dtype: Any = None) -> np.ndarray:
+    """``array`` in ``dtype`` (None: as it is), the one cast every kept array goes through (a photo's
+    ``.npy``, a batch cell, a clip's NPZ): finite floats clipped to the dtype's range, NaN kept."""
     arr = np.asarray(array)
     dt = None if dtype is None else np.dtype(dtype)
+    if dt is None or arr.dtype == dt:
+        return arr
+    if dt.kind == "f" and arr.dtype.kind == "f":
+        lim = float(np.finfo(dt).max)
+        out = np.empty(arr.shape, dt)  # clipped and cast in one pass, no full-size temporary
+        np.clip(arr, -lim, lim, out=out, casting="unsafe")  # NaN stays NaN; big values do not become inf
+        return out
+    return arr.astype(dt)
+
+
+def write_npy(path: str | Path, array: Any, dtype: Any = None, *, writer: Writer = NOW) -> Path:
+    """np.save of the array, cast to dtype if given (:func:`cast_array`); the cast runs with the
+    writing."""
+    arr = np.asarray(array)
 
     def save(p: Path) -> None:
-        out = arr
-        if dt is not None and dt.kind == "f" and arr.dtype.kind == "f":
-            lim = float(np.finfo(dt).max)
-            out = np.empty(arr.shape, dt)  # clipped and cast in one pass, no full-size temporary
-            np.clip(arr, -lim, lim, out=out, casting="unsafe")  # NaN stays NaN; big values do not become inf
-        elif dt is not None:
-            out = arr.astype(dt)
         with open(p, "wb") as f:
-            np.save(f, out, allow_pickle=False)
+            np.save(f, cast_array(arr, dtype), allow_pickle=False)
 
     return writer.write(_prepare(path), save)
 

@@ -27,6 +27,7 @@ from ..outputs.export import safe_path
 from . import registry
 from .clip_arrays import RawArrays
 from .registry import Task
+from .result_record import ResultArray, clip_fields
 
 MAX_NOTICES = 8
 #: Numbers in a notice (a per-frame value such as a scale): notices differing only there are alike.
@@ -100,10 +101,10 @@ class FrameHandler:
         return {}
 
 
-def raw_fields(task: Task) -> dict[str, Any]:
-    """The arrays a clip of ``task`` keeps per frame: result attribute -> dtype (None: as it is),
-    from the task's declaration (``Task.video.raw_fields``)."""
-    return dict(task.video.raw_fields) if task.video else {}
+def raw_fields(task: Task) -> dict[str, ResultArray]:
+    """The arrays a clip of ``task`` keeps per frame, by result attribute: its declared arrays
+    (``Task.arrays``) that are ``in_clip``, kept as the photo's files and the batch keep them."""
+    return clip_fields(task.arrays) if task.video else {}
 
 
 class DenseFrames(FrameHandler):
@@ -127,17 +128,8 @@ class DenseFrames(FrameHandler):
 
     def raw_arrays(self, result: Any) -> dict[str, np.ndarray]:
         """The declared raw fields of one frame's result, in their clip dtypes."""
-        arrays = {}
-        for key, dtype in self.fields.items():
-            value = getattr(result, key, None)
-            if value is not None:
-                arr = np.asarray(value)
-                if dtype is np.float16:
-                    arr = np.nan_to_num(arr).astype(np.float16)  # as the photo exports: NaN -> 0
-                elif dtype is not None:
-                    arr = arr.astype(dtype)
-                arrays[key] = arr
-        return arrays
+        kept = {key: array.kept(result) for key, array in self.fields.items()}
+        return {key: arr for key, arr in kept.items() if arr is not None}
 
     def consume(self, k: int, frame: int, time_s: float, rgb: np.ndarray, result: Any) -> np.ndarray | None:
         self.keep_raw(result)

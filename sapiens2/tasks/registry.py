@@ -31,7 +31,7 @@ from ..models.weights import local_root
 from ..models.zoo import TASKS as ZOO
 from ..models.zoo import TaskSpec
 from . import options as opts
-from .result_record import Record
+from .result_record import Record, ResultArray
 
 
 @dataclass(frozen=True)
@@ -104,15 +104,13 @@ class Video:
     ``handler``: the task's clip handler, a ``sapiens2.tasks.clip_frames.FrameHandler`` subclass
     from its own folder (pose's tracks people; the pointmap's colours every frame at the end with
     the clip's depth bounds); None: each frame rendered as its photo result.
-    ``raw_fields``: result attribute -> dtype it is kept in for the clip's per-frame NPZ (None: as
-    it is); a task with none writes no NPZ. ``render_overrides``: video render options that differ
+    ``render_overrides``: video render options that differ
     from, or add to, the defaults of the task's render options (pose: no boxes but track ids, since
     tracks are labelled instead). ``detect``: the detection hook, ``(pipeline, inference options)
     -> (rgb -> detections with .boxes)``, for tasks whose frames need person boxes (the detector
     every K frames, tracking between); None: frames are inferred whole."""
 
     handler: type | None = None
-    raw_fields: Mapping[str, Any] = field(default_factory=dict)
     render_overrides: Mapping[str, Any] = field(default_factory=dict)
     detect: Callable[[Any, Mapping[str, Any]], Callable[[Any], Any]] | None = None
 
@@ -164,6 +162,9 @@ class Task:
     #: its row in a ``sapiens2 batch`` table (:class:`~sapiens2.tasks.result_record.Record`); None:
     #: not run in batches
     record: Record | None = None
+    #: its photo-size arrays, described once: save()'s raw files, the record's array columns and a
+    #: clip's per-frame NPZ are derived from them (``result_record.ResultArray``)
+    arrays: tuple[ResultArray, ...] = ()
     #: download lists besides the main one, in order (a file goes to the first that takes it)
     file_groups: tuple[FileGroup, ...] = ()
     #: extra command-line spellings of options (option name -> flags), and pipeline switches

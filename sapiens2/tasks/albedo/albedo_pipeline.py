@@ -30,7 +30,7 @@ from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video
-from ..result_record import Column, Record
+from ..result_record import ResultArray, array_record, save_arrays
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
 
@@ -60,18 +60,11 @@ class AlbedoResult(TaskResult):
     ) -> list[Path]:
         """Writes ``<name>_albedo.png``, ``<name>_albedo.npy`` (float16, (H, W, 3) in [0, 1]) and,
         with a mask, ``<name>_albedo_mask.png``; ``rendered`` replaces the default PNG."""
-        from ...outputs.export import safe_path, write_npy, write_png
+        from ...outputs.export import safe_path, write_png
 
-        def path(suffix: str) -> Path:
-            return safe_path(out_dir, self.name, suffix)
-
-        paths = [
-            write_png(path("_albedo.png"), self.render() if rendered is None else rendered, writer=writer),
-            write_npy(path("_albedo.npy"), self.albedo, np.float16, writer=writer),
-        ]
-        if self.mask is not None:
-            paths.append(write_png(path("_albedo_mask.png"), self.mask.astype(np.uint8) * 255, writer=writer))
-        return paths
+        picture = self.render() if rendered is None else rendered
+        paths = [write_png(safe_path(out_dir, self.name, "_albedo.png"), picture, writer=writer)]
+        return paths + save_arrays(self, ARRAYS, out_dir, self.name, writer=writer)
 
 
 @dataclass
@@ -136,10 +129,9 @@ class AlbedoPipeline(SegMaskedPipeline):
 _needs, _work = seg_borrowing("use_segmentation", default=True)
 
 
-#: A batch row: the photo-size albedo (float16 .npy) and the person mask (PNG).
-RECORD = Record(
-    (Column("albedo", "npy", "surface colour per pixel"), Column("mask_png", "png", "the person mask")),
-    lambda result: {"albedo": result.albedo, "mask_png": result.mask},
+ARRAYS = (
+    ResultArray("albedo", "float16", "surface colour per pixel, in [0, 1]", files=("_albedo.npy",)),
+    ResultArray("mask", "bool", "the person mask", files=("_albedo_mask.png",)),
 )
 
 
@@ -174,6 +166,7 @@ TASK = Task(
     ),
     borrows=(SEG,),
     needs=_needs,
-    video=Video(raw_fields={"albedo": np.float16, "mask": None}),
-    record=RECORD,
+    video=Video(),
+    arrays=ARRAYS,
+    record=array_record(ARRAYS),
 )

@@ -24,7 +24,7 @@ from ..base import Pipeline, TaskResult
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video
-from ..result_record import Column, Record
+from ..result_record import ResultArray, array_record
 from .matting_render import CHROMA_GREEN
 
 
@@ -132,10 +132,10 @@ def _render_args(render_opts: Mapping[str, Any]) -> dict[str, Any]:
         raise InputImageError(f"Background image: {err}") from None
 
 
-#: A batch row: alpha and the premultiplied foreground, photo-size float16 .npy.
-RECORD = Record(
-    (Column("alpha", "npy", "alpha per pixel"), Column("foreground", "npy", "premultiplied foreground RGB")),
-    lambda result: {"alpha": result.alpha, "foreground": result.foreground},
+#: The photo's downloads are pictures (PNG composites), so no raw file; a clip keeps alpha only.
+ARRAYS = (
+    ResultArray("alpha", "float16", "alpha per pixel"),
+    ResultArray("foreground", "float16", "premultiplied foreground RGB", in_clip=False),
 )
 
 
@@ -167,6 +167,7 @@ TASK = Task(
     ),
     render_args=_render_args,
     cli_aliases={"background_color": ("--background",)},
-    video=Video(raw_fields={"alpha": np.float16}),
-    record=RECORD,
+    video=Video(),
+    arrays=ARRAYS,
+    record=array_record(ARRAYS),
 )

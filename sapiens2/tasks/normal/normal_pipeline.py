@@ -26,7 +26,7 @@ from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import Task, Video
-from ..result_record import Column, Record
+from ..result_record import ResultArray, array_record, save_arrays
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
 
@@ -55,19 +55,11 @@ class NormalResult(TaskResult):
         mask, ``<name>_normal_mask.png``; returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
-        from ...outputs.export import safe_path, write_npy, write_png
-        from ...outputs.render import finite_f32
+        from ...outputs.export import safe_path, write_png
 
-        def path(suffix: str) -> Path:
-            return safe_path(out_dir, self.name, suffix)
-
-        paths = [  # finite_f32: NaN/inf -> 0, copying only when there is one (finish never makes any)
-            write_npy(path("_normal.npy"), finite_f32(self.normals), np.float16, writer=writer),
-            write_png(path("_normal.png"), self.render() if rendered is None else rendered, writer=writer),
-        ]
-        if self.mask is not None:
-            paths.append(write_png(path("_normal_mask.png"), self.mask.astype(np.uint8) * 255, writer=writer))
-        return paths
+        picture = self.render() if rendered is None else rendered
+        paths = save_arrays(self, ARRAYS, out_dir, self.name, writer=writer)
+        return [*paths, write_png(safe_path(out_dir, self.name, "_normal.png"), picture, writer=writer)]
 
 
 @dataclass
@@ -137,10 +129,9 @@ class NormalPipeline(SegMaskedPipeline):
 _needs, _work = seg_borrowing("remove_background", default=False)
 
 
-#: A batch row: the photo-size normals (float16 .npy) and the person mask (PNG).
-RECORD = Record(
-    (Column("normals", "npy", "unit normal per pixel"), Column("mask_png", "png", "the person mask")),
-    lambda result: {"normals": result.normals, "mask_png": result.mask},
+ARRAYS = (
+    ResultArray("normals", "float16", "unit normal per pixel", files=("_normal.npy",)),
+    ResultArray("mask", "bool", "the person mask", files=("_normal_mask.png",)),
 )
 
 
@@ -175,6 +166,7 @@ TASK = Task(
     ),
     borrows=(SEG,),
     needs=_needs,
-    video=Video(raw_fields={"normals": np.float16, "mask": None}),
-    record=RECORD,
+    video=Video(),
+    arrays=ARRAYS,
+    record=array_record(ARRAYS),
 )

@@ -28,7 +28,7 @@ from ..borrowed_seg import SegMaskedPipeline, seg_borrowing
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..registry import OnDemand, Task, Video, View
-from ..result_record import Column, Record
+from ..result_record import Column, ResultArray, array_record, save_arrays
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
 from .pointmap_clip import DepthFrames
@@ -105,7 +105,7 @@ class PointmapResult(TaskResult):
 
         ``later``: leave the full-resolution files out (at 12 MP they outweigh the rest of the
         request's files): the app makes them only when asked (``TASK.on_demand``)."""
-        from ...outputs.export import GLB_MAX_POINTS, safe_path, write_npy, write_png
+        from ...outputs.export import GLB_MAX_POINTS, safe_path, write_png
         from ...outputs.export import write_point_cloud_glb as write_glb
         from ...outputs.mesh import write_mesh_glb
 
@@ -116,8 +116,7 @@ class PointmapResult(TaskResult):
         # so the point cloud is written while the mesh's faces are built here.
         picture = self.render() if rendered is None else rendered
         files = [
-            write_npy(path("_depth.npy"), self.depth, writer=writer),
-            write_npy(path("_pointmap.npy"), self.pointmap, writer=writer),
+            *save_arrays(self, ARRAYS, out_dir, self.name, writer=writer),
             write_png(path("_depth.png"), picture, writer=writer),
         ]
         # later: the viewer's subset only, the same points write_glb picks from the whole cloud
@@ -237,21 +236,26 @@ def _mesh_preview(result: Any, files: list[Path]) -> str | None:
     return next((str(p) for p in files if p.name.endswith("_mesh_preview.glb")), None)
 
 
+#: float32: the on-demand full-resolution mesh is built from the ``_pointmap.npy`` download.
+ARRAYS = (
+    ResultArray("depth", "float32", "metric depth per pixel", files=("_depth.npy",), in_record=False),
+    ResultArray("pointmap", "float32", "metric XYZ per pixel", files=("_pointmap.npy",), in_clip=False),
+    ResultArray("mask", "bool", "the person mask"),
+)
+
+
 def _row(result: PointmapResult) -> dict[str, Any]:
     return {
-        "pointmap": result.pointmap,
-        "mask_png": result.mask,
         "scale": result.scale,
         "focal_px": result.focal_px,
         "focal_px_input": result.focal_px_input,
     }
 
 
-#: A batch row: the photo-size pointmap (float16 .npy), the person mask, scale and focal lengths.
-RECORD = Record(
+#: A batch row: the arrays above (pointmap float32, the person mask), the scale and focal lengths.
+RECORD = array_record(
+    ARRAYS,
     (
-        Column("pointmap", "npy", "metric XYZ per pixel"),
-        Column("mask_png", "png", "the person mask"),
         Column("scale", "float", "the predicted scale"),
         Column("focal_px", "float", "the implied focal length, photo pixels"),
         Column("focal_px_input", "float", "the implied focal length, network input pixels"),
@@ -302,6 +306,7 @@ TASK = Task(
     borrows=(SEG,),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
-    video=Video(handler=DepthFrames, raw_fields={"depth": np.float32, "mask": None}),
+    video=Video(handler=DepthFrames),
+    arrays=ARRAYS,
     record=RECORD,
 )

@@ -27,7 +27,7 @@ from ..dense import DensePrep, DenseRaw, chunked_forward, start_result, to_cpu32
 from ..options import Option
 from ..pointmap.pointmap_clip import DepthFrames
 from ..registry import Task, Video, View
-from ..result_record import Column, Record
+from ..result_record import ResultArray, array_record, save_arrays
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import SegLogits
 
@@ -86,16 +86,15 @@ class DepthResult(TaskResult):
         """Writes ``<name>_depth.npy`` (raw, float32), ``<name>_depth16.png`` (:meth:`png16`),
         ``<name>_depth.png`` (the render), ``<name>_depth_mask.png`` and ``<name>_depth.json``
         (what the 16-bit PNG's values mean)."""
-        from ...outputs.export import safe_path, write_json, write_npy, write_png
+        from ...outputs.export import safe_path, write_json, write_png
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
 
         return [
-            write_npy(path("_depth.npy"), self.depth, np.float32, writer=writer),
+            *save_arrays(self, ARRAYS, out_dir, self.name, writer=writer),
             write_png(path("_depth16.png"), self.png16(), writer=writer),
             write_png(path("_depth.png"), self.render() if rendered is None else rendered, writer=writer),
-            write_png(path("_depth_mask.png"), self.mask.astype(np.uint8) * 255, writer=writer),
             write_json(path("_depth.json"), self.to_dict(), writer=writer),
         ]
 
@@ -157,13 +156,9 @@ class DepthPipeline(SegMaskedPipeline):
 
 _needs, _work = seg_borrowing("use_segmentation", default=True)
 
-#: A batch row: relative depth (float32 .npy) and the person mask (PNG).
-RECORD = Record(
-    (
-        Column("depth", "npy", "relative depth per pixel", dtype="float32"),
-        Column("mask_png", "png", "the person mask"),
-    ),
-    lambda result: {"depth": result.depth, "mask_png": result.mask},
+ARRAYS = (
+    ResultArray("depth", "float32", "relative depth per pixel, the model's units", files=("_depth.npy",)),
+    ResultArray("mask", "bool", "the person mask", files=("_depth_mask.png",)),
 )
 
 
@@ -190,6 +185,7 @@ TASK = Task(
     borrows=(SEG,),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
-    video=Video(handler=DepthFrames, raw_fields={"depth": np.float32, "mask": None}),
-    record=RECORD,
+    video=Video(handler=DepthFrames),
+    arrays=ARRAYS,
+    record=array_record(ARRAYS),
 )

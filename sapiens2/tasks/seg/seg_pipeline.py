@@ -28,7 +28,7 @@ from ..base import Pipeline, TaskResult
 from ..dense import DensePrep, DenseRaw, chunked_forward, start_result
 from ..options import Option
 from ..registry import Task, Video, View
-from ..result_record import Column, Record
+from ..result_record import ResultArray, array_record, save_arrays
 from .seg_logits import SegLogits, finite_logits
 from .seg_render import (
     blend_segmentation,
@@ -100,20 +100,17 @@ class SegResult(TaskResult):
         (palette only) and ``_seg.png`` (blended with the photo); returns their paths.
         ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
         instead of a fresh default ``render()``."""
-        from ...outputs.export import safe_path, write_npy, write_png, write_png_palette
+        from ...outputs.export import safe_path, write_png, write_png_palette
 
         def path(suffix: str) -> Path:
             return safe_path(out_dir, self.name, suffix)
 
         paths = [
-            write_png(path("_seg_labels.png"), self.labels, writer=writer),
-            write_npy(path("_seg_labels.npy"), self.labels, writer=writer),
+            *save_arrays(self, ARRAYS, out_dir, self.name, writer=writer),
             # indices + palette: decodes to colorize_labels(labels), a faster encode than RGB
             write_png_palette(path("_seg_color.png"), label_ids(self.labels), SEG_PALETTE, writer=writer),
             write_png(path("_seg.png"), self.render() if rendered is None else rendered, writer=writer),
         ]
-        if self.person_masks is not None and len(self.person_masks):
-            paths.append(write_npy(path("_seg_person_masks.npy"), self.person_masks, writer=writer))
         return paths
 
 
@@ -208,10 +205,17 @@ class SegPipeline(Pipeline):
 # ----------------------------------------------------------------------------- declaration
 
 
-#: A batch row: the class ids (0-28) as a one-channel PNG.
-RECORD = Record(
-    (Column("labels_png", "png", "class id per pixel"),),
-    lambda result: {"labels_png": result.labels},
+ARRAYS = (
+    ResultArray("labels", "uint8", "class id per pixel", files=("_seg_labels.png", "_seg_labels.npy")),
+    # (people, H, W) with boxes="detect": a photo download only
+    ResultArray(
+        "person_masks",
+        "bool",
+        "each person's mask",
+        ("_seg_person_masks.npy",),
+        in_record=False,
+        in_clip=False,
+    ),
 )
 
 
@@ -247,6 +251,7 @@ TASK = Task(
         ),
     ),
     views=(View("html", "Body parts found", lambda result, files: result.legend_html()),),
-    video=Video(raw_fields={"labels": None}),
-    record=RECORD,
+    video=Video(),
+    arrays=ARRAYS,
+    record=array_record(ARRAYS),
 )
