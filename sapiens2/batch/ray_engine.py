@@ -1,32 +1,10 @@
-"""The Ray engine: the same steps as the local engine (:mod:`.flow`) as a Ray Data pipeline.
-
-* read + prepare: a CPU map step (each photo decoded once, prepared for every task);
-* for a task that finds people first (pose with its DETR), on a GPU job: per task an actor pool
-  running the detector alone on the small inputs prepare made (``detector_actors`` actors, a
-  share of a GPU each), then a CPU map step making the person crops from the photo's bytes
-  (decoded again). On a CPU job the read step runs the detector itself, as the local engine
-  does (no process to start, no second decode); ``detector_actors`` asks for the pool anyway;
-* forward + finish: per task, an actor pool (``actors`` actors, each loading the model once;
-  ``num_gpus`` may be a fraction, so several small models share a GPU) that finishes each batch's
-  raws into rows as they come out of the forward, as the local engine does: the raw maps (a seg
-  model's are ~90 MB a photo) never enter the object store, only the finished rows go on;
-* write: a CPU map step that groups the finished rows into parts (``job.part_rows()`` photos)
-  and writes each task's as one Parquet file under the run's temporary name; the driver commits
-  the parts as they stream back (:mod:`.store`), so commits come steadily, a killed driver leaves
-  its committed parts, and nothing half-done.
-
-Before the first photo, one small task per node checks that a worker there can read INPUT, write
-OUT and find the weights (:mod:`.worker_check`); every step declares the memory it needs
-(:mod:`.footprint`).
-
-Each step's process keeps to the CPUs Ray gave it (:mod:`.workers`): torch's threads, OpenCV's and
-the package's pools. Between steps only one pickled :class:`~.flow.Item` per photo travels (the
-network inputs, then the network-resolution outputs, and the photo's geometry; while its people
-are found, the detector's input and the photo's file bytes, never its decoded pixels). Each step
-counts the bytes it passes on (the run's summary: per photo, by step).
-
-Joining a cluster (or starting a local Ray) is :mod:`.cluster`'s, before OUT is touched. Ray is
-imported only by these modules, and only when this engine runs.
+"""The Ray engine: the local engine's steps (:mod:`.flow`) as a Ray Data pipeline: read + prepare
+on CPUs, the detector's actor pool where people are found first on a GPU job, forward + finish in
+per-task actor pools (only finished rows reach the object store), and a write step whose parts
+the driver commits as they stream back (:mod:`.store`). Before the first photo a check per node
+(:mod:`.worker_check`); each step declares its memory (:mod:`.footprint`) and keeps to its CPUs
+(:mod:`.workers`). docs/SCALE.md gives the steps, what travels between them and why. Ray is
+imported only here, and only when this engine runs.
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
-"""The Live tab: the visitor's webcam through a task, frame after frame (``sapiens2.serving.live``).
-
-Gradio's own webcam streaming carries the frames: ``gr.Image(sources=["webcam"], streaming=True)``
-and its ``.stream`` event, one queue job per stream. How a slow handler meets incoming frames
-(gradio 6.31, read in its source): the page posts a frame every ``stream_every`` seconds to
-``/gradio_api/stream/{event_id}`` whether or not the last one is done (measured in headless
-Chromium: 32 posts against 9 handler calls with a 0.6 s handler); the route stores it as the
-event's ONLY pending input (``event.data = body``, replacing any frame not yet taken) and wakes
-the job; the job calls the handler with the newest data once the previous call has returned
-(``queueing.py``: ``wait_for_batch``, then ``call_process_api``). So the server never holds more
-than one waiting frame per session, whatever the model's speed. The page stops sending when the
-visitor stops the camera or closes the tab (``/stream/{event_id}/close``, or the SSE stream
-dropping ends the event); the frame in hand is finished and nothing more runs. ``time_limit``
-ends a stream after :data:`LIVE_SECONDS`; ``concurrency_limit`` lets :data:`LIVE_STREAMS` run at
-once (others wait in the queue).
-
-Frames Gradio replaced are counted by :class:`StreamPosts`, an ASGI middleware the app installs at
-launch (``app.launch``): it counts each event's posts and keeps the arrival time of the latest.
-The handler learns its event's id at the stream's first frame (Gradio's context,
-``LocalContext.event_id``, is set for the call made from the join request; the frames posted
-after it carry no id, and the ``gr.Request`` a handler is given is the join request's for every
-frame): the posts counted less the frames taken were dropped, and the latest arrival starts the
-latency clock. Without the middleware the readout says drops are
-not counted and latency starts when the handler does.
-
-On ZeroGPU the tab is a notice instead (docs/LIVE.md: one admission per frame would cost at least
-a second of quota each; measured admission cost and the choice).
+"""The Live tab: the visitor's webcam through a task, frame after frame (``sapiens2.serving.live``),
+carried by Gradio's webcam streaming (``gr.Image(streaming=True)`` and its ``.stream`` event). Gradio
+keeps one pending frame per event, so a slow handler never builds a backlog; :class:`StreamPosts`,
+an ASGI middleware installed at launch, counts the frames Gradio replaced (shown as dropped) and
+starts the latency clock. docs/LIVE.md ("Never a backlog") has how Gradio's stream route behaves
+and what was measured; on ZeroGPU the tab is a notice instead.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
-"""A clip to 3D motion: pose with tracks, the pointmap aligned over time, and per person 3D
-keypoints per frame, gaps bridged, smoothed, written as an animated skeleton and as arrays.
-
-Two passes over the same frames (same stride, limits and cut), each the ordinary clip run of
-:func:`sapiens2.video.clip_runner.iter_video`:
-
-1. **pose** with its detector, tracker and files; its ``_pose_frames.npz`` gives each frame's
-   track ids, boxes, keypoints (as the model found them) and scores;
-2. **pointmap** (with its segmentation: the people's mask) through :class:`MotionDepth`, the
-   depth handler plus the lifting: every frame's depth is aligned to the clip
-   (:mod:`sapiens2.tasks.pointmap.clip_depth_align`) and each person's keypoints of that frame are read from the
-   pointmap on their own mask (:func:`sapiens2.tasks.pose.pose_lift.lift_keypoints`). It writes
-   ``<name>_lifted.npz`` (raw 3D points) next to its files, which the next step reads and removes.
-
-Then, on the CPU (:func:`finish_motion`): the depth factors applied, points scoring below the
-keypoint threshold dropped, gaps of at most ``max_gap`` processed frames inside a track filled
-by linear interpolation in time and marked (``bridged``), and each track smoothed in 3D by the
-One-Euro filter (:mod:`sapiens2.tasks.pose.keypoint_smoothing`, here in metres: ``beta`` per m/s). Files:
-``<name>_motion.glb``, ``<name>_keypoints3d.npz``, ``<name>_keypoints3d.csv`` and
-``<name>_motion.bvh`` (:mod:`sapiens2.tasks.pose.motion_files`, :mod:`sapiens2.tasks.pose.bvh`).
-
-In a server both passes share one device call (``sapiens2.serving.motion_requests``: one ZeroGPU
-admission; the server decodes, renders and encodes, the call runs only the forwards and the
-detections).
+"""A clip to 3D motion: two ordinary clip runs over the same frames (pose with tracks, then the
+pointmap through :class:`MotionDepth`, which aligns depth over time and lifts each person's
+keypoints on their own mask), then :func:`finish_motion` on the CPU (gaps bridged, each track
+smoothed in 3D) writes ``<name>_motion.glb``, ``_keypoints3d.npz``, ``_keypoints3d.csv`` and
+``_motion.bvh``. docs/MOTION.md gives the steps and the files; in a server both passes share one
+device call (``sapiens2.serving.motion_requests``).
 """
 
 from __future__ import annotations
