@@ -98,6 +98,9 @@ class PoseFrames(FrameHandler):
         for n in getattr(result, "notices", []):
             self.note(n)
         smooth = self.people.follow(time_s, people, raw, scores)
+        native = None if result is None else getattr(result, "native", None)
+        if native is not None:
+            native = (np.asarray(native[0], np.float32), np.asarray(native[1], np.float32))
         self.frames.append(
             PoseFrame(
                 frame,
@@ -108,6 +111,8 @@ class PoseFrames(FrameHandler):
                 smooth,
                 raw,
                 scores,
+                native,
+                getattr(result, "keypoint_set", "goliath308"),
             )
         )
         return draw_people(rgb, people, smooth, scores, self.render_options)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ...data.keypoint_sets import BY_NAME
 from ...outputs.export import jsonable, safe_path
 from ...outputs.webm_writer import VideoWriter
 from . import keypoint_formats as kf
@@ -49,6 +50,10 @@ class PoseFrame:
     keypoints: np.ndarray  # (P, 308, 2) as drawn (smoothed when smoothing is on)
     keypoints_raw: np.ndarray  # (P, 308, 2) as the model gave them
     scores: np.ndarray  # (P, 308)
+    #: a Sapiens v1 17 / 133 model's own (P, K, 2) points and (P, K) scores, as it gave them (the
+    #: tracks and smoothing run on their 308 lift); None for a 308 model
+    native: tuple[np.ndarray, np.ndarray] | None = None
+    keypoint_set: str = "goliath308"
 
 
 def _dumps(obj: Any) -> str:
@@ -67,6 +72,7 @@ def write_pose_tracks(
     """``<name>_pose_tracks.json``, written frame by frame (never one giant string)."""
     path = safe_path(out_dir, name, "_pose_tracks.json")
     head = {"format": "sapiens2-308-video", "fps": fps, "image_size": {"width": size[0], "height": size[1]}}
+    head["keypoint_set"] = own_set(frames)  # the model's (a v1 17 / 133 set is lifted to the 308 here)
     with open(path, "w", encoding="utf-8") as f:
         f.write(_dumps({**head, **meta})[:-1] + ',"frames":[')
         for i, fr in enumerate(frames):
@@ -112,9 +118,10 @@ def write_wholebody_tracks(out_dir: Path, name: str, frames: list[PoseFrame], *,
         first = True
         for fr in frames:
             extra = [{"track_id": tid, "time_s": fr.time_s} for tid in fr.track_ids]
+            own = fr.native if fr.native is not None and fr.native[1].shape[-1] == 133 else None
             for person in kf.coco_wholebody_json(
                 fr.keypoints, fr.scores, box_scores=fr.box_scores, threshold=threshold,
-                image_id=fr.frame, extra=extra,
+                image_id=fr.frame, extra=extra, points133=own,
             ):  # fmt: skip
                 f.write(("" if first else ",") + _dumps(person))
                 first = False
@@ -123,15 +130,20 @@ def write_wholebody_tracks(out_dir: Path, name: str, frames: list[PoseFrame], *,
 
 
 def write_keypoints_csv(out_dir: Path, name: str, frames: list[PoseFrame]) -> Path:
-    """``<name>_keypoints.csv``: the whole clip, one row per frame, person (track id) and keypoint."""
+    """``<name>_keypoints.csv``: the whole clip, one row per frame, person (track id) and keypoint
+    (of the model's own set: a v1 17 / 133 model's points as it gave them, as the photo's CSV)."""
     path = safe_path(out_dir, name, "_keypoints.csv")
     stem = safe_path(out_dir, name, "").name
     rows = (
         row
         for fr in frames
         for row in kf.csv_rows(
-            stem, fr.keypoints, fr.scores, fr.track_ids, lead=(fr.frame, f"{fr.time_s:.4f}")
-        )
+            stem,
+            *(fr.native or (fr.keypoints, fr.scores)),
+            fr.track_ids,
+            lead=(fr.frame, f"{fr.time_s:.4f}"),
+            names=BY_NAME[fr.keypoint_set].names,
+        )  # fmt: skip
     )
     return kf.write_csv(path, kf.CLIP_COLUMNS, rows)
 
@@ -175,6 +187,11 @@ def write_openpose_video(
         return out.close()
 
 
+def own_set(frames: list[PoseFrame]) -> str:
+    """The model's keypoint set (a frame without people carries none of its own)."""
+    return next((f.keypoint_set for f in frames if f.native is not None), "goliath308")
+
+
 def pose_arrays(frames: list[PoseFrame]) -> dict[str, np.ndarray]:
     """Frames padded to the most people in any frame (track id -1 and NaN mark padding)."""
     n, p = len(frames), max([len(f.track_ids) for f in frames] or [0])
@@ -187,9 +204,17 @@ def pose_arrays(frames: list[PoseFrame]) -> dict[str, np.ndarray]:
         "keypoints_raw": np.full((n, p, 308, 2), np.nan, np.float32),
         "scores": np.full((n, p, 308), np.nan, np.float32),
     }
+    own = next((f.native for f in frames if f.native is not None), None)
+    if own is not None:  # a v1 17 / 133 model: its own points too, padded alike
+        count = own[1].shape[-1]
+        out["native_keypoints"] = np.full((n, p, count, 2), np.nan, np.float32)
+        out["native_scores"] = np.full((n, p, count), np.nan, np.float32)
+        out["keypoint_set"] = np.array(own_set(frames))
     for i, f in enumerate(frames):
         k = len(f.track_ids)
         out["track_ids"][i, :k] = f.track_ids
         out["boxes"][i, :k], out["scores"][i, :k] = f.boxes, f.scores
         out["keypoints"][i, :k], out["keypoints_raw"][i, :k] = f.keypoints, f.keypoints_raw
+        if own is not None and f.native is not None:
+            out["native_keypoints"][i, :k], out["native_scores"][i, :k] = f.native
     return out

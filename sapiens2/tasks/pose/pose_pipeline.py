@@ -319,6 +319,9 @@ def _row(result: PoseResult) -> dict[str, Any]:
         "box_scores": result.box_scores,
         "detection": result.detection_source,
         "keypoint_set": getattr(result, "keypoint_set", "goliath308"),  # a v1 17/133 model's, lifted
+        # a v1 17 / 133 model's own points, as it gave them (flat: people x K x 2, K from the set)
+        "native_keypoints": None if result.native is None else result.native[0],
+        "native_scores": None if result.native is None else result.native[1],
     }
 
 
@@ -331,6 +334,8 @@ RECORD = Record(
         Column("box_scores", "tensor", "one score per person box"),
         Column("detection", "string", "how people were found"),
         Column("keypoint_set", "string", "the model's keypoint set (v1 17/133 points lifted to 308)"),
+        Column("native_keypoints", "tensor", "a v1 17/133 model's own points, flat people x K x (x, y)"),
+        Column("native_scores", "tensor", "a v1 17/133 model's own scores, flat people x K"),
     ),
     _row,
 )
