@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         if not batch_output(args.input, kinds):
             run_args = copy.copy(args)
             run_args.tasks, run_args.out = [TASK_OF[k] for k in kinds], batch_folder(args.out)
+            if getattr(run_args, "per_person", None) is None:  # appearance per person unless --no-per-person
+                run_args.per_person = True
             job, _, engine_options = batch.build_job(run_args)
         summary = build_index(args.input, args.out, by=kinds, job=job, engine=args.engine,
                               engine_options=engine_options)  # fmt: skip
