@@ -5,14 +5,17 @@ through the batch row, the index, ``find_similar`` and the Space's set."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from sapiens2.batch import read_task, records
 from sapiens2.batch.store import Store
+from sapiens2.cli import main
 from sapiens2.errors import OptionError
 from sapiens2.inputs.intake import load_image
 from sapiens2.search import build_index, find_similar
@@ -92,6 +95,7 @@ def batch_out(out: Path, results: dict[str, object]) -> None:
     store.commit(store.write(task, records.rows_table(task, rows)))
 
 
+@pytest.mark.slow  # LanceDB's first import is most of it
 def test_the_right_person_is_found_with_their_box(tmp_path, monkeypatch):
     red, blue, green, grey = unit(11), unit(12), unit(13), unit(14)
     photos = {
@@ -178,3 +182,31 @@ def test_the_pipeline_finds_people_in_one_forward(tiny_checkpoints):
     row = records.rows_table(task, [records.result_row(task, "x.jpg", r)])
     flat = records.column_arrays(row.column("person_embeddings"))[0]
     assert np.allclose(flat.reshape(2, -1), r.person_embeddings)
+
+
+@pytest.mark.slow
+def test_index_and_search_by_person_from_the_command_line(tmp_path, tiny_checkpoints, tiny_detr, capsys):
+    """``sapiens2 index`` turns per_person on: a (tiny, random) DETR's people each get a row with
+    their box; ``sapiens2 search --person 0`` finds that person first, with their box."""
+    folder = tmp_path / "set"
+    folder.mkdir()
+    for i in range(2):
+        rgb = (np.random.default_rng(i).random((90, 120, 3)) * 255).astype(np.uint8)
+        Image.fromarray(rgb).save(folder / f"p{i}.png")
+    index = tmp_path / "index"
+    argv = ["index", str(folder), "--out", str(index), "--checkpoint", f"features={tiny_checkpoints['features']}",
+            "--network-size", "128x96", "--detector-checkpoint", str(tiny_detr)]  # fmt: skip
+    assert main(argv) == 0
+    rows = PeopleStore(str(index)).table("appearance").to_arrow()
+    persons, boxes = rows.column("person").to_pylist(), np.array(rows.column("box").to_pylist())
+    assert min(persons) >= 0 and (boxes[:, 2] <= 120).all() and (boxes[:, 3] <= 90).all()
+    capsys.readouterr()
+    assert (
+        main(["search", str(folder / "p1.png"), "--index", str(index), "-k", "1", "--json", "--person", "0"])
+        == 0
+    )
+    [hit] = json.loads(capsys.readouterr().out)
+    mine = [b for s, p, b in zip(rows.column("source").to_pylist(), persons, boxes.tolist(), strict=True)
+            if s.endswith("p1.png") and p == 0]  # fmt: skip
+    assert hit["source"].endswith("p1.png") and hit["person"] == 0 and hit["box"] == pytest.approx(mine[0])
+    assert hit["score"] == pytest.approx(1.0, abs=1e-4)
