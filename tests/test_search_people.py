@@ -127,6 +127,9 @@ def test_the_right_person_is_found_with_their_box(tmp_path, monkeypatch):
     assert hits[0].score > 0.99 and hits[1].score < 0.9
     with pytest.raises(OptionError, match="person 5 is not one of them"):
         find_similar("q.jpg", str(tmp_path / "index"), person=5)
+    for bad in (True, -1, "0"):
+        with pytest.raises(OptionError, match="person must be a whole number"):
+            find_similar("q.jpg", str(tmp_path / "index"), person=bad)
     v, p = query_vectors(row, "appearance", None)  # the largest person (a tie: the first)
     assert p == 0 and v.shape == (1, D)
 

@@ -152,6 +152,8 @@ def find_similar(
         raise OptionError("Search by one kind at a time: appearance or pose.")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1000:
         raise OptionError(f"k must be a whole number from 1 to 1000; got {k!r}.")
+    if person is not None and (not isinstance(person, int) or isinstance(person, bool) or person < 0):
+        raise OptionError(f"person must be a whole number from 0 (or None: the largest); got {person!r}.")
     store = PeopleStore(index)
     made = store.settings().get(kind)
     if made is None:
