@@ -164,7 +164,7 @@ def test_the_space_set_shows_the_person_and_their_box(tmp_path):
     assert shown[0][1].startswith("1. 1.000 · x.png · person 2") and "y.png · person 1" in shown[1][1]
 
 
-def test_the_pipeline_finds_people_in_one_forward(tiny_checkpoints):
+def test_the_pipeline_finds_people_in_one_forward(tiny_checkpoints, tmp_path):
     """The tiny backbone with a callable detector: boxes in photo pixels, a unit vector each, one
     forward; off by default; nobody found (no detector) keeps the CLS and says so."""
     rgb = (np.random.default_rng(0).random((80, 120, 3)) * 255).astype(np.uint8)
@@ -178,6 +178,10 @@ def test_the_pipeline_finds_people_in_one_forward(tiny_checkpoints):
     assert len(calls) == 1 and r.person_boxes.tolist() == boxes.tolist()
     assert np.allclose(np.linalg.norm(r.person_embeddings, axis=1), 1.0, atol=1e-5)
     assert pipe(rgb).person_boxes is None
+    names = sorted(path.name for path in r.save(tmp_path))
+    assert names == ["image_embedding.npy", "image_features_pca.png", "image_person_boxes.npy",
+                     "image_person_embeddings.npy"]  # fmt: skip
+    assert np.array_equal(np.load(tmp_path / "image_person_embeddings.npy"), r.person_embeddings)
     none = FeaturesPipeline(checkpoint=tiny_checkpoints["features"], detector=None)(rgb, per_person=True)
     assert none.person_boxes.shape == (0, 4) and any("CLS embedding stands" in n for n in none.notices)
     task = registry.get("features")

@@ -58,16 +58,24 @@ class FeaturesResult(TaskResult):
     def save(
         self, out_dir: str | Path, *, rendered: np.ndarray | None = None, writer: Writer = NOW
     ) -> list[Path]:
-        """Writes ``<name>_embedding.npy`` (D,) and ``<name>_features_pca.png``; returns their paths.
-        ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
-        instead of a fresh default ``render()``."""
+        """Writes ``<name>_embedding.npy`` (D,) and ``<name>_features_pca.png`` (with ``per_person``
+        also ``_person_boxes.npy`` (P, 4) and ``_person_embeddings.npy`` (P, D)); returns their
+        paths. ``rendered``: an image already rendered (e.g. with the viewer's options) to write as
+        the PNG instead of a fresh default ``render()``."""
         from ...outputs.export import safe_path, write_npy, write_png
 
         picture = self.render() if rendered is None else rendered
-        return [
+        paths = [
             write_npy(safe_path(out_dir, self.name, "_embedding.npy"), self.embedding, writer=writer),
             write_png(safe_path(out_dir, self.name, "_features_pca.png"), picture, writer=writer),
         ]
+        if self.person_boxes is not None and self.person_embeddings is not None:
+            for suffix, values in (
+                ("_person_boxes.npy", self.person_boxes),
+                ("_person_embeddings.npy", self.person_embeddings),
+            ):
+                paths.append(write_npy(safe_path(out_dir, self.name, suffix), values, writer=writer))
+        return paths
 
 
 @dataclass
