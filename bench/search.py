@@ -9,6 +9,11 @@ points of the same mixture. Prints the machine's load average: numbers on a shar
 
     python bench/search.py --json search.json                      # 10k, 100k, 1M at width 768
     python bench/search.py --sizes 10000 --engines faiss --json s.json
+    python bench/search.py --sizes 1000000 --engines lancedb-ivf_flat --nprobes 16,32,64 --json s.json
+    python bench/search.py --engines lancedb-ivf_hnsw_sq --partitions 4 --centres 10000 --spread 0.5
+
+Engines: faiss, lancedb-ivf_flat, lancedb-ivf_pq, lancedb-ivf_sq, lancedb-ivf_hnsw_sq. LanceDB rows
+report the write (100k appends) and index times apart, the folder's size, one row per --nprobes.
 """
 
 from __future__ import annotations
