@@ -9,6 +9,11 @@ points of the same mixture. Prints the machine's load average: numbers on a shar
 
     python bench/search.py --json search.json                      # 10k, 100k, 1M at width 768
     python bench/search.py --sizes 10000 --engines faiss --json s.json
+    python bench/search.py --sizes 1000000 --engines lancedb-ivf_flat --nprobes 16,32,64 --json s.json
+    python bench/search.py --engines lancedb-ivf_hnsw_sq --partitions 4 --centres 10000 --spread 0.5
+
+Engines: faiss, lancedb-ivf_flat, lancedb-ivf_pq, lancedb-ivf_sq, lancedb-ivf_hnsw_sq. LanceDB rows
+report the write (100k appends) and index times apart, the folder's size, one row per --nprobes.
 """
 
 from __future__ import annotations
@@ -100,12 +105,26 @@ def bench_faiss(data: np.ndarray, queries: np.ndarray, truth: np.ndarray, tmp: P
     return out
 
 
+def lance_config(kind: str, parts: int, dim: int):
+    """The LanceDB index of ``kind`` (cosine): IVF_FLAT, IVF_PQ, IVF_SQ or IVF_HNSW_SQ."""
+    from lancedb.index import IvfFlat, IvfHnswSq, IvfPq, IvfSq
+
+    if kind == "IVF_FLAT":
+        return IvfFlat(distance_type="cosine", num_partitions=parts)
+    if kind == "IVF_PQ":
+        return IvfPq(distance_type="cosine", num_partitions=parts, num_sub_vectors=dim // 8)
+    if kind == "IVF_SQ":
+        return IvfSq(distance_type="cosine", num_partitions=parts)
+    if kind == "IVF_HNSW_SQ":
+        return IvfHnswSq(distance_type="cosine", num_partitions=parts)
+    raise SystemExit(f"unknown LanceDB index {kind!r}: IVF_FLAT, IVF_PQ, IVF_SQ or IVF_HNSW_SQ")
+
+
 def bench_lancedb(
-    data: np.ndarray, queries: np.ndarray, truth: np.ndarray, tmp: Path, k: int, kind: str
+    data: np.ndarray, queries: np.ndarray, truth: np.ndarray, tmp: Path, k: int, kind: str, tune: dict
 ) -> dict:
     import lancedb
     import pyarrow as pa
-    from lancedb.index import IvfFlat, IvfPq
 
     n, dim = data.shape
     db = lancedb.connect(str(tmp / "lance"))
@@ -120,9 +139,8 @@ def bench_lancedb(
         else:
             table.add(t)
     write = time.perf_counter() - t0
-    parts = max(1, int(np.sqrt(n)))
-    config = (IvfFlat(distance_type="cosine", num_partitions=parts) if kind == "IVF_FLAT"
-              else IvfPq(distance_type="cosine", num_partitions=parts, num_sub_vectors=dim // 8))  # fmt: skip
+    parts = tune["partitions"] or max(1, int(np.sqrt(n)))  # sqrt(n): what the store makes
+    config = lance_config(kind, parts, dim)
     t1 = time.perf_counter()
     table.create_index("vector", config=config)
     out = {"engine": f"lancedb {kind}", "write_s": write, "index_s": time.perf_counter() - t1,
@@ -133,9 +151,10 @@ def bench_lancedb(
         s = table.search(q, vector_column_name="vector").distance_type("cosine").nprobes(nprobes)
         if refine:
             s = s.refine_factor(refine)
-        return np.asarray(s.select(["id"]).limit(k).to_arrow().column("id"))
+        return np.asarray(s.select(["id", "_distance"]).limit(k).to_arrow().column("id"))
 
-    for nprobes, refine in ((32, 10), (64, 10)) if kind == "IVF_PQ" else ((16, None), (32, None), (64, None)):
+    refine = tune["refine"] or (10 if kind in ("IVF_PQ", "IVF_SQ", "IVF_HNSW_SQ") else None)
+    for nprobes in tune["nprobes"]:
         found, lat = latencies(lambda q, n=nprobes, r=refine: search(q, n, r), queries)
         out["rows"].append({"nprobes": nprobes, "refine": refine, "recall@10": recall(found, truth), **lat})
     return out
@@ -147,17 +166,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--engines", default="faiss,lancedb-ivf_flat,lancedb-ivf_pq")
     p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--nprobes", default="16,32,64", help="LanceDB: partitions probed, one row each")
+    p.add_argument("--partitions", type=int, default=0, help="LanceDB: IVF partitions (0: sqrt(n))")
+    p.add_argument("--refine", type=int, default=0, help="LanceDB: refine factor (0: 10 for quantised)")
+    p.add_argument("--centres", type=int, default=1000, help="cluster centres of the synthetic vectors")
+    p.add_argument("--spread", type=float, default=0.35, help="noise around a centre (larger: harder)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    tune = {"nprobes": [int(x) for x in args.nprobes.split(",")], "partitions": args.partitions,
+            "refine": args.refine}  # fmt: skip
     k, dim = 10, args.dim
     meta = {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": os.getloadavg(),
-            "dim": dim, "queries": args.queries, "k": k}  # fmt: skip
+            "dim": dim, "queries": args.queries, "k": k, "centres": args.centres, "spread": args.spread}  # fmt: skip
     results = []
-    centres = np.random.default_rng(0).standard_normal((1000, dim)).astype(np.float32)
+    centres = np.random.default_rng(0).standard_normal((args.centres, dim)).astype(np.float32)
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
     for n in (int(s) for s in args.sizes.split(",")):
-        data = clustered(n, dim, 1, centres)
-        queries = clustered(args.queries, dim, 2, centres)
+        data = clustered(n, dim, 1, centres, args.spread)
+        queries = clustered(args.queries, dim, 2, centres, args.spread)
         t0 = time.perf_counter()
         truth = exact(data, queries, k)
         exact_ms = (time.perf_counter() - t0) / len(queries) * 1e3
@@ -167,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 if engine == "faiss":
                     r = bench_faiss(data, queries, truth, tmp, k)
                 else:
-                    r = bench_lancedb(data, queries, truth, tmp, k, engine.split("-")[1].upper())
+                    r = bench_lancedb(data, queries, truth, tmp, k, engine.split("-", 1)[1].upper(), tune)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             r.update(n=n, dim=dim, exact_numpy_ms_per_query_batched=exact_ms, load=os.getloadavg())
@@ -176,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"n={n:>8} {r['engine']:<18} build {r['build_s']:8.1f} s  {r['bytes'] / 1e6:8.1f} MB  "
                   f"best recall@10 {best['recall@10']:.3f} p50 {best['p50_ms']:.1f} ms  (load {os.getloadavg()[0]:.1f})",
                   flush=True)  # fmt: skip
+            meta["load_after"] = os.getloadavg()
             if args.json:
                 Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
         del data

@@ -270,7 +270,7 @@ def test_size_not_offered_names_the_sizes() -> None:
         ("seg", {"opacity": -0.1}, r"'opacity' must be a number from 0 to 1"),
         ("normal", {"background": "white"}, r"must be one of: black, photo; got 'white'"),
         ("matting", {"background_color": "green"}, r"'#rrggbb'"),
-        ("features", {"threshold": 0.3}, r"Unknown features option 'threshold'; allowed: none"),
+        ("features", {"threshold": 0.3}, r"Unknown features option 'threshold'; allowed: per_person\."),
     ],
 )
 def test_option_validation_messages(task: str, options: dict, message: str) -> None:

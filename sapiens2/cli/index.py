@@ -22,11 +22,17 @@ HELP = (
 def add(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--by", default="appearance", metavar="KINDS",
-        help="appearance (the backbone's embedding), pose (308 keypoints), or appearance,pose (default: %(default)s)",
+        help="appearance (each person's backbone features; --no-per-person: one CLS vector a photo), "
+        "pose (308 keypoints), or appearance,pose (default: %(default)s)",
     )  # fmt: skip
     batch.add_run_options(
         parser, "INDEX: a folder or URI (INDEX/vectors: LanceDB tables; INDEX/batch: the rows)"
     )
+    for action in parser._actions:  # the batch flag's help says its default there, which index changes
+        if action.dest == "per_person":
+            action.help = (
+                "appearance: one vector per person found (default here); --no-per-person: one a photo"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         if not batch_output(args.input, kinds):
             run_args = copy.copy(args)
             run_args.tasks, run_args.out = [TASK_OF[k] for k in kinds], batch_folder(args.out)
+            if getattr(run_args, "per_person", None) is None:  # appearance per person unless --no-per-person
+                run_args.per_person = True
             job, _, engine_options = batch.build_job(run_args)
         summary = build_index(args.input, args.out, by=kinds, job=job, engine=args.engine,
                               engine_options=engine_options)  # fmt: skip

@@ -21,7 +21,7 @@ def add(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--by", choices=("appearance", "pose"), default="appearance", help="default: %(default)s"
     )
-    parser.add_argument("--person", type=int, help="by pose: which person of PHOTO (default: the largest)")
+    parser.add_argument("--person", type=int, help="which person of PHOTO, from 0 (default: the largest)")
     parser.add_argument(
         "--no-mirror", action="store_true", help="by pose: do not also match the mirrored pose"
     )
@@ -41,5 +41,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([h.as_dict() for h in hits], indent=1))
     else:
         for h in hits:
-            print(f"{h.rank:>3}  {h.score:.4f}  person {h.person}  {h.source}")
+            who = "whole photo" if h.person < 0 else f"person {h.person}"
+            box = " ".join(f"{v:.0f}" for v in h.box)
+            print(f"{h.rank:>3}  {h.score:.4f}  {who}  [{box}]  {h.source}")
     return 0

@@ -24,12 +24,14 @@ from ..batch.records import column_arrays
 from ..batch.store import JOB_FILE, Store
 from ..errors import OptionError
 from .people_store import KINDS, People, PeopleStore
-from .vectors import normalised, pose_vector
+from .vectors import appearance_people, pose_vector
 
 #: The batch task each kind of vector is made from.
 TASK_OF = {"appearance": "features", "pose": "pose"}
 #: Rows turned into vectors and added per step (bounded memory on any collection).
 CHUNK_ROWS = 4096
+#: A features row's people (``per_person``), read when its batch output has them.
+PERSON_COLUMNS = ("person_boxes", "person_embeddings")
 
 
 def parse_kinds(text: str | Sequence[str]) -> tuple[str, ...]:
@@ -142,9 +144,12 @@ def ingest(rows_from: str, people: PeopleStore, kind: str, summary: IndexSummary
     summary.added[kind], summary.people[kind], summary.errors[kind] = 0, 0, []
     if not parts:
         return
-    columns = ["source", "error", "width", "height"]
-    columns += ["embedding"] if kind == "appearance" else ["keypoints", "scores", "boxes"]
     data = pads.dataset(parts, filesystem=store.fs, format="parquet")
+    columns = ["source", "error", "width", "height"]
+    if kind == "appearance":  # an output made before per_person existed has no person columns
+        columns += ["embedding", *(c for c in PERSON_COLUMNS if c in data.schema.names)]
+    else:
+        columns += ["keypoints", "scores", "boxes"]
     for batch in data.to_batches(columns=columns, batch_size=CHUNK_ROWS):
         sources = batch.column("source").to_pylist()
         keep = [i for i, s in enumerate(sources) if s not in done]
@@ -160,24 +165,29 @@ def ingest(rows_from: str, people: PeopleStore, kind: str, summary: IndexSummary
 
 
 def _appearance(batch: Any) -> tuple[People | None, list[tuple[str, str | None, int]]]:
-    """One vector per photo: its CLS embedding, normalised; the box is the whole photo."""
+    """One vector per person found (:func:`~.vectors.appearance_people`); a photo with nobody
+    found, or rows made without ``per_person``: one, its CLS, with the whole photo as the box."""
     sources, errors = batch.column("source").to_pylist(), batch.column("error").to_pylist()
     widths, heights = batch.column("width").to_pylist(), batch.column("height").to_pylist()
     embeddings = column_arrays(batch.column("embedding"))
-    rows, ok, vectors = [], [], []
+    names = batch.schema.names
+    boxes, flat = (
+        column_arrays(batch.column(c)) if c in names else [None] * len(sources) for c in PERSON_COLUMNS
+    )
+    rows, keep = [], []  # keep: (source, person, box, vector)
     for i, source in enumerate(sources):
-        error = errors[i]
+        error, found = errors[i], []
         if error is None:
             try:
-                vectors.append(normalised(embeddings[i])[0])
-                ok.append(i)
+                found = appearance_people(embeddings[i], boxes[i], flat[i], widths[i], heights[i])
             except OptionError as err:
                 error = str(err)
-        rows.append((source, error, 0 if error else 1))
-    if not ok:
+        keep += [(source, p, box, v) for p, box, v in found]
+        rows.append((source, error, len(found)))
+    if not keep:
         return None, rows
-    boxes = np.array([[0, 0, widths[i], heights[i]] for i in ok], np.float32)
-    return People([sources[i] for i in ok], [0] * len(ok), boxes, np.stack(vectors)), rows
+    cols = list(zip(*keep, strict=True))
+    return People(list(cols[0]), list(cols[1]), np.stack(cols[2]), np.stack(cols[3])), rows
 
 
 def _pose(batch: Any) -> tuple[People | None, list[tuple[str, str | None, int]]]:

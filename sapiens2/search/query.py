@@ -3,8 +3,10 @@
 The query photo goes through the same batch step as the collection did, with the settings the
 index records (model, checkpoint, options, network size), so its vector is comparable; then the
 index's table is searched by cosine (exact below ``ANN_MIN_ROWS`` rows, IVF-Flat probing
-``ANN_NPROBES`` partitions above). By pose the query is the photo's largest person (or ``person``), and the search
-also matches the pose mirrored (``mirror``); a result keeps the better of the two scores.
+``ANN_NPROBES`` partitions above). The query is the photo's largest person (or ``person``): by
+appearance their pooled patch features (the whole photo's CLS when nobody was found, or the index
+was made without ``per_person``), by pose their keypoints, also matched mirrored (``mirror``; a
+result keeps the better of the two scores).
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from ..inputs.intake import load_image
 from ..tasks import registry
 from .indexing import TASK_OF, parse_kinds
 from .people_store import PeopleStore
-from .vectors import MIRRORS, normalised, pose_vector
+from .vectors import MIRRORS, WHOLE_PHOTO, appearance_people, pose_vector
 
 
 @dataclass(frozen=True)
 class Hit:
-    """One person found: rank (1 = best), source, person index in that photo (appearance: 0, the
-    whole photo), cosine score, box (x1 y1 x2 y2 in its photo's pixels)."""
+    """One person found: rank (1 = best), source, person index in that photo (-1,
+    :data:`~.vectors.WHOLE_PHOTO`: an appearance vector of a photo where nobody was found, its box
+    the photo), cosine score, box (x1 y1 x2 y2 in its photo's pixels)."""
 
     rank: int
     source: str
@@ -88,21 +91,50 @@ def query_rows(photo: Any, made_by: dict[str, Any]) -> Any:
 
 
 def query_vectors(row: Any, kind: str, person: int | None) -> tuple[np.ndarray, int]:
-    """(the query vectors: one, or the pose and its mirror; the query person) of a batch row."""
+    """(the query vector; the query person: ``person``, else the largest) of a batch row."""
     if kind == "appearance":
-        return normalised(column_arrays(row.column("embedding"))[0]), 0
+        return _appearance_query(row, person)
     kps, scores = column_arrays(row.column("keypoints"))[0], column_arrays(row.column("scores"))[0]
     boxes = column_arrays(row.column("boxes"))[0]
     if len(kps) == 0:
         raise InputImageError("No person was found in the query photo.")
     if person is None:
-        person = int(np.argmax((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])))
+        person = _largest(boxes)
     if not 0 <= person < len(kps):
         raise OptionError(f"The query photo has {len(kps)} people; person must be 0 to {len(kps) - 1}.")
     v = pose_vector(kps[person], scores[person])
     if v is None:
         raise InputImageError("Too few of the query person's keypoints are confident to search by pose.")
     return v.reshape(1, -1), person
+
+
+def _largest(boxes: np.ndarray) -> int:
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    return int(np.argmax((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])))
+
+
+def _appearance_query(row: Any, person: int | None) -> tuple[np.ndarray, int]:
+    """The appearance vector of the row's ``person`` (None: the largest; the whole photo's when
+    nobody was found)."""
+    names = row.schema.names
+    people = appearance_people(
+        column_arrays(row.column("embedding"))[0],
+        *(
+            column_arrays(row.column(c))[0] if c in names else None
+            for c in ("person_boxes", "person_embeddings")
+        ),
+        row.column("width")[0].as_py(),
+        row.column("height")[0].as_py(),
+    )
+    if person is None:
+        p, _, v = people[_largest(np.stack([box for _, box, _ in people]))]
+        return v.reshape(1, -1), p
+    ids = [p for p, _, _ in people if p != WHOLE_PHOTO]
+    if person not in ids:
+        found = f"people {', '.join(map(str, ids))}" if ids else "no person found (leave person out)"
+        raise OptionError(f"The query photo has {found}; person {person} is not one of them.")
+    p, _, v = next(x for x in people if x[0] == person)
+    return v.reshape(1, -1), p
 
 
 def find_similar(
@@ -120,6 +152,8 @@ def find_similar(
         raise OptionError("Search by one kind at a time: appearance or pose.")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1000:
         raise OptionError(f"k must be a whole number from 1 to 1000; got {k!r}.")
+    if person is not None and (not isinstance(person, int) or isinstance(person, bool) or person < 0):
+        raise OptionError(f"person must be a whole number from 0 (or None: the largest); got {person!r}.")
     store = PeopleStore(index)
     made = store.settings().get(kind)
     if made is None:

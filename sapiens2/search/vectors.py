@@ -1,7 +1,9 @@
 """The vectors people are found by, and exact search over a few of them (numpy only).
 
-* appearance: the backbone's CLS embedding of the photo, L2-normalised, so a dot product is the
-  cosine similarity ``sapiens2 features``' comparison reports;
+* appearance: one vector per person the detector found, the backbone's patch features pooled
+  over their box (``features`` with ``per_person``: one forward, no crops), L2-normalised, so a
+  dot product is a cosine; a photo where nobody was found (or made without ``per_person``) has
+  one vector, its CLS embedding, with person :data:`WHOLE_PHOTO` and the photo as its box;
 * pose: one vector per person from the 308 keypoints: the confident points (score >= the
   threshold) centred on their mean and divided by their RMS distance from it (position and scale
   gone), the others zeroed, then L2-normalised. Two people in the same pose score 1 whatever
@@ -27,6 +29,8 @@ POSE_SCORE_MIN = 0.3
 #: A person with fewer confident keypoints has no pose vector (no shape to compare).
 POSE_POINTS_MIN = 5
 POSE_DIM = NUM_KEYPOINTS * 2
+#: The person index of an appearance vector that is the whole photo's (nobody was found in it).
+WHOLE_PHOTO = -1
 
 
 def normalised(vectors: np.ndarray) -> np.ndarray:
@@ -37,6 +41,36 @@ def normalised(vectors: np.ndarray) -> np.ndarray:
     if not np.isfinite(v).all() or (norms == 0).any():
         raise OptionError("An embedding is all zeros or not finite; it cannot be searched by.")
     return v / norms
+
+
+def appearance_people(
+    embedding: np.ndarray,
+    person_boxes: np.ndarray | None,
+    person_embeddings: np.ndarray | None,
+    width: int,
+    height: int,
+) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """A photo's appearance vectors as (person, box, unit vector): each person's pooled vector
+    (``person_embeddings``: (P, D), or the P * D values flat, as a batch row keeps them), or, with
+    no person, the unit CLS ``embedding`` as :data:`WHOLE_PHOTO` with the photo for its box. A
+    person whose vector is all zeros is left out. OptionError when the widths disagree or the CLS
+    cannot be normalised."""
+    cls = np.asarray(embedding, np.float32).reshape(-1)
+    found = []
+    if person_boxes is not None and len(person_boxes) and person_embeddings is not None:
+        boxes = np.asarray(person_boxes, np.float32).reshape(-1, 4)
+        flat = np.asarray(person_embeddings, np.float32).reshape(-1)
+        if flat.size != len(boxes) * cls.size:
+            raise OptionError(
+                f"{len(boxes)} person boxes but {flat.size} person values for vectors of {cls.size}."
+            )
+        for p, (box, v) in enumerate(zip(boxes, flat.reshape(len(boxes), cls.size), strict=True)):
+            norm = float(np.linalg.norm(v))
+            if np.isfinite(v).all() and norm > 0:
+                found.append((p, box, v / norm))
+    if not found:
+        found.append((WHOLE_PHOTO, np.array([0, 0, width, height], np.float32), normalised(cls)[0]))
+    return found
 
 
 def pose_vector(

@@ -1,6 +1,6 @@
 """ "Find similar" over a visitor's small set: the set and the query photo through one task
-(features for appearance, pose for pose) in ONE device call, then exact search and k-means in
-numpy (:mod:`sapiens2.search.vectors`): a set of at most 32 photos needs no database.
+(features with ``per_person`` for appearance, pose for pose) in ONE device call, then exact search
+and k-means in numpy (:mod:`sapiens2.search.vectors`): a set of at most 32 photos needs no database.
 
 What a set costs is priced as every GPU call is (``models.cost``), so the photos that fit a
 visitor's call are known before anything runs (:func:`photos_that_fit`). The set's vectors are
@@ -23,13 +23,15 @@ import numpy as np
 from ..errors import InputImageError
 from ..inputs.intake import Intake, load_image
 from ..models import cost
-from ..search.vectors import MIRRORS, kmeans, normalised, pose_vector, top_k
+from ..search.vectors import MIRRORS, WHOLE_PHOTO, appearance_people, kmeans, pose_vector, top_k
 from ..tasks.registry import Task
 from .photo_set import MAX_SET_PHOTOS
 from .request_runner import RequestRunner, model_sizes
 
 #: Side of a gallery picture, pixels.
 THUMB_SIDE = 256
+#: The inference options a set runs with, per kind: appearance one vector per person.
+SET_OPTIONS: dict[str, dict[str, Any]] = {"appearance": {"per_person": True}, "pose": {}}
 
 
 def photos_that_fit(runner: RequestRunner, task: Task, size: str | None, options: dict[str, Any]) -> int:
@@ -83,7 +85,8 @@ def _small(rgb: np.ndarray) -> tuple[np.ndarray, float]:
 def _people(kind: str, result: Any, photo: int) -> list[Person]:
     h, w = result.image.shape[:2]
     if kind == "appearance":
-        return [Person(photo, 0, (0.0, 0.0, float(w), float(h)), normalised(result.embedding)[0])]
+        found = appearance_people(result.embedding, result.person_boxes, result.person_embeddings, w, h)
+        return [Person(photo, p, tuple(float(x) for x in box), v) for p, box, v in found]
     found = []
     for p in range(len(result.keypoints)):
         v = pose_vector(result.keypoints[p], result.scores[p])
@@ -109,7 +112,7 @@ def run_set(
             intakes.append(load_image(data))
         except InputImageError as err:
             raise InputImageError(f"{name}: {err}") from None
-    job = runner.job(task, [query, *intakes], size, {})
+    job = runner.job(task, [query, *intakes], size, SET_OPTIONS[kind])
     results = runner.results(job)
     names = [n for n, _ in photos]
     pictures, people = [], []
@@ -149,7 +152,7 @@ def _save(folder: Path, name: str, picture: np.ndarray) -> str:
 
 
 def _label(people_set: PeopleSet, person: Person) -> str:
-    who = "whole photo" if people_set.kind == "appearance" else f"person {person.person + 1}"
+    who = "whole photo" if person.person == WHOLE_PHOTO else f"person {person.person + 1}"
     return f"{people_set.names[person.photo]} · {who}"
 
 

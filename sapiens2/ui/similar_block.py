@@ -19,7 +19,15 @@ import gradio as gr
 from ..errors import InputImageError, OptionError
 from ..search.indexing import TASK_OF
 from ..serving.photo_set import MAX_SET_PHOTOS, read_set
-from ..serving.similar import PeopleSet, group_count, grouped, most_similar, photos_that_fit, run_set
+from ..serving.similar import (
+    SET_OPTIONS,
+    PeopleSet,
+    group_count,
+    grouped,
+    most_similar,
+    photos_that_fit,
+    run_set,
+)
 from ..tasks import registry
 from ..tasks.registry import Task
 from .endpoints import api_docstring, as_endpoint, split_call
@@ -38,7 +46,9 @@ def fit_text(run: Runner, size: str | None) -> str:
     fits = {}
     for kind in KINDS:
         task = registry.get(TASK_OF[kind])
-        fits[kind] = photos_that_fit(run.requests, task, size if kind == "appearance" else None, {})
+        fits[kind] = photos_that_fit(
+            run.requests, task, size if kind == "appearance" else None, SET_OPTIONS[kind]
+        )
     return (
         f"Add up to {fits['appearance']} photos to find similar by appearance, up to {fits['pose']} by pose "
         f"(what one GPU call of a visitor's quota holds; at most {MAX_SET_PHOTOS}), as files or one .zip. "
@@ -70,7 +80,7 @@ def _people_set(run: Runner, held: PeopleSet | None, photo: Any, files: Any, by:
     key = _key(files, kind, size)
     if held is not None and held.key == key and (photo is None or held.query_photo == _photo_key(photo)):
         return held
-    limit = photos_that_fit(run.requests, task, size, {})
+    limit = photos_that_fit(run.requests, task, size, SET_OPTIONS[kind])
     photos = read_set(files, limit)
     if photo is None:
         raise InputImageError("No query photo: add one above (upload, webcam or paste).")
@@ -89,58 +99,72 @@ def _photo_key(photo: Any) -> str:
     return repr(type(photo))
 
 
+def _set_endpoint(
+    run: Runner,
+    name: str,
+    label: str,
+    extra: list[str],
+    act: Any,
+    summary: str,
+    params: list[tuple[str, str]],
+) -> Any:
+    """An endpoint over the session's set: ``f(photo, photos, by, size, *extra)`` -> (gallery, run
+    info), the set as state; ``act(people, *extra values)`` makes the gallery and the line."""
+
+    def endpoint(*args: Any) -> tuple[Any, str, PeopleSet | None]:
+        [photo, files, by, size, *more, held], _, request = split_call(args, 5 + len(extra))
+        with BOARD.catching(request, name, label), reported(run.manager):
+            refuse(photo, *_listed(files))
+            people = _people_set(run, held, photo, files, by, size)
+            gallery, info = act(people, *more)
+            return gallery, info, people
+
+    names = ["photo", "photos", "by", "size", *extra, "state"]
+    return as_endpoint(endpoint, name, names, api_docstring(summary, params), required=2)
+
+
+def _set_params(task: Task, query: str, by: str, size: str) -> list[tuple[str, str]]:
+    return [
+        ("photo", photo_doc(query)),
+        ("photos", f"the set: up to {MAX_SET_PHOTOS} photo files, or .zip files of photos."),
+        ("by", by),
+        ("size", f"backbone size for appearance: {', '.join(task.spec.sizes)}{size}."),
+    ]
+
+
 def similar_endpoint(run: Runner, task: Task) -> Any:
     """``f(photo, photos, by, size)`` -> (gallery, run info); the session's set as state."""
 
-    def endpoint(*args: Any) -> tuple[Any, str, PeopleSet | None]:
-        [photo, files, by, size, held], _, request = split_call(args, 5)
-        with BOARD.catching(request, "find_similar", "Find similar"), reported(run.manager):
-            refuse(photo, *_listed(files))
-            people = _people_set(run, held, photo, files, by, size)
-            shown = most_similar(people, people.folder)
-            info = f"{len(shown)} most similar of {len(people.people)} people in {len(people.names)} photos, by {people.kind}."
-            return gr.Gallery(value=shown, columns=4, label="Most similar"), info, people
+    def act(people: PeopleSet) -> tuple[Any, str]:
+        shown = most_similar(people, people.folder)
+        info = f"{len(shown)} most similar of {len(people.people)} people in {len(people.names)} photos, by {people.kind}."
+        return gr.Gallery(value=shown, columns=4, label="Most similar"), info
 
-    doc = api_docstring(
+    by = "appearance (each person's part of the backbone's features) or pose (the 308 keypoints)."
+    return _set_endpoint(
+        run, "find_similar", "Find similar", [], act,
         "Find the people of a set of photos most like the person in a query photo, by appearance or pose.",
-        [
-            ("photo", photo_doc("the query photo")),
-            ("photos", f"the set: up to {MAX_SET_PHOTOS} photo files, or .zip files of photos."),
-            ("by", "appearance (the backbone's embedding) or pose (the 308 keypoints)."),
-            ("size", f"backbone size for appearance: {', '.join(task.spec.sizes)} (pose uses its default)."),
-        ],
-    )
-    return as_endpoint(endpoint, "find_similar", ["photo", "photos", "by", "size", "state"], doc, required=2)
+        _set_params(task, "the query photo", by, " (pose uses its default)"),
+    )  # fmt: skip
 
 
 def group_endpoint(run: Runner, task: Task) -> Any:
-    """``f(photos, by, size, groups)`` -> (gallery: one row per group, run info)."""
+    """``f(photo, photos, by, size, groups)`` -> (gallery: one row per group, run info)."""
 
-    def endpoint(*args: Any) -> tuple[Any, str, PeopleSet | None]:
-        [photo, files, by, size, groups, held], _, request = split_call(args, 6)
-        with BOARD.catching(request, "group_set", "Group"), reported(run.manager):
-            refuse(photo, *_listed(files))
-            people = _people_set(run, held, photo, files, by, size)
-            if groups is not None and (not isinstance(groups, (int, float)) or not 1 <= int(groups) <= 8):
-                raise OptionError(f"groups must be 1 to 8; got {groups!r}.")
-            count = group_count(len(people.people)) if groups is None else int(groups)
-            shown = grouped(people, people.folder, count)
-            info = f"{len(people.people)} people by {people.kind} in {len(shown)} groups."
-            return gr.Gallery(value=shown, columns=1, label="Groups: one row each"), info, people
+    def act(people: PeopleSet, groups: Any) -> tuple[Any, str]:
+        if groups is not None and (not isinstance(groups, (int, float)) or not 1 <= int(groups) <= 8):
+            raise OptionError(f"groups must be 1 to 8; got {groups!r}.")
+        count = group_count(len(people.people)) if groups is None else int(groups)
+        shown = grouped(people, people.folder, count)
+        info = f"{len(people.people)} people by {people.kind} in {len(shown)} groups."
+        return gr.Gallery(value=shown, columns=1, label="Groups: one row each"), info
 
-    doc = api_docstring(
-        "Group the people of a set of photos by appearance or pose (k-means): one gallery row per group.",
-        [
-            ("photo", photo_doc("the query photo (the set's run includes it)")),
-            ("photos", f"the set: up to {MAX_SET_PHOTOS} photo files, or .zip files of photos."),
-            ("by", "appearance or pose."),
-            ("size", f"backbone size for appearance: {', '.join(task.spec.sizes)}."),
-            ("groups", "how many groups, 1 to 8 (None: about the square root of half the people)."),
-        ],
-    )
-    return as_endpoint(
-        endpoint, "group_set", ["photo", "photos", "by", "size", "groups", "state"], doc, required=2
-    )
+    params = _set_params(task, "the query photo (the set's run includes it)", "appearance or pose.", "")
+    params.append(("groups", "how many groups, 1 to 8 (None: about the square root of half the people)."))
+    return _set_endpoint(
+        run, "group_set", "Group", ["groups"], act,
+        "Group the people of a set of photos by appearance or pose (k-means): one gallery row per group.", params,
+    )  # fmt: skip
 
 
 def similar_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown, concurrency: str) -> None:
@@ -160,11 +184,10 @@ def similar_block(run: Runner, task: Task, photo: gr.Image, size: gr.Dropdown, c
             label="Find similar: run info", interactive=False, max_lines=3, elem_id="find-similar-info"
         )
         held = gr.State(None, time_to_live=SET_TTL_S, delete_callback=lambda s: s.close() if s else None)
-    find.click(similar_endpoint(run, task), inputs=[photo, files, by, size, held], outputs=[gallery, info, held],
-               api_name="find_similar", concurrency_id=concurrency).failure(
-        shown_error("find_similar", False), None, [info], api_visibility="private", queue=False)  # fmt: skip
-    group.click(
-        group_endpoint(run, task),
-        inputs=[photo, files, by, size, groups, held], outputs=[gallery, info, held],
-        api_name="group_set", concurrency_id=concurrency,
-    ).failure(shown_error("group_set", False), None, [info], api_visibility="private", queue=False)  # fmt: skip
+    for button, endpoint, name, extra in (
+        (find, similar_endpoint(run, task), "find_similar", []),
+        (group, group_endpoint(run, task), "group_set", [groups]),
+    ):
+        button.click(endpoint, inputs=[photo, files, by, size, *extra, held], outputs=[gallery, info, held],
+                     api_name=name, concurrency_id=concurrency).failure(
+            shown_error(name, False), None, [info], api_visibility="private", queue=False)  # fmt: skip

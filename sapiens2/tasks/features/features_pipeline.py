@@ -1,11 +1,15 @@
 """Backbone features (the release's "pretrain" checkpoints): the CLS embedding of a photo and its
 patch features, shown as the first three principal components in RGB, plus cosine similarity of two
-embeddings.
+embeddings. With ``per_person`` the person detector runs too, and each person found gets an
+appearance vector from the same forward: the patch features pooled over their box
+(:mod:`.features_people`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +19,15 @@ import torch
 
 from ...errors import OptionError
 from ...inputs.intake import Intake
+from ...models.cost import Work
 from ...models.zoo import get_task
 from ...outputs.writers import NOW, Writer
 from ..base import Pipeline, RunInfo, TaskResult
 from ..dense import Timing, chunked_forward
+from ..options import Option
 from ..registry import Compare, Task, View
 from ..result_record import Column, Record
+from .features_people import pooled_embeddings
 
 
 @dataclass(kw_only=True)
@@ -29,6 +36,11 @@ class FeaturesResult(TaskResult):
 
     embedding: np.ndarray  # (D,) float32, CLS token after the final norm
     patch_features: np.ndarray  # (D, h, w) float32, h, w = network input / 16
+    #: with ``per_person``: the people found, (P, 4) x1 y1 x2 y2 in photo pixels, and their unit
+    #: appearance vectors (P, D) (patch features pooled over each box); P = 0 when the detector
+    #: found nobody (the photo's CLS is then its only appearance). None: not asked for.
+    person_boxes: np.ndarray | None = None
+    person_embeddings: np.ndarray | None = None
 
     def render(self) -> np.ndarray:
         """The patch features' first three principal components as RGB, at the original size."""
@@ -39,21 +51,31 @@ class FeaturesResult(TaskResult):
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out.update(dim=int(self.embedding.shape[0]), grid=list(self.patch_features.shape[1:]))
+        if self.person_boxes is not None:
+            out.update(people=len(self.person_boxes), person_boxes=np.round(self.person_boxes, 1).tolist())
         return out
 
     def save(
         self, out_dir: str | Path, *, rendered: np.ndarray | None = None, writer: Writer = NOW
     ) -> list[Path]:
-        """Writes ``<name>_embedding.npy`` (D,) and ``<name>_features_pca.png``; returns their paths.
-        ``rendered``: an image already rendered (e.g. with the viewer's options) to write as the PNG
-        instead of a fresh default ``render()``."""
+        """Writes ``<name>_embedding.npy`` (D,) and ``<name>_features_pca.png`` (with ``per_person``
+        also ``_person_boxes.npy`` (P, 4) and ``_person_embeddings.npy`` (P, D)); returns their
+        paths. ``rendered``: an image already rendered (e.g. with the viewer's options) to write as
+        the PNG instead of a fresh default ``render()``."""
         from ...outputs.export import safe_path, write_npy, write_png
 
         picture = self.render() if rendered is None else rendered
-        return [
+        paths = [
             write_npy(safe_path(out_dir, self.name, "_embedding.npy"), self.embedding, writer=writer),
             write_png(safe_path(out_dir, self.name, "_features_pca.png"), picture, writer=writer),
         ]
+        if self.person_boxes is not None and self.person_embeddings is not None:
+            for suffix, values in (
+                ("_person_boxes.npy", self.person_boxes),
+                ("_person_embeddings.npy", self.person_embeddings),
+            ):
+                paths.append(write_npy(safe_path(out_dir, self.name, suffix), values, writer=writer))
+        return paths
 
 
 @dataclass
@@ -61,6 +83,7 @@ class FeaturesPrep:
     """One photo resized to the network input on the CPU, still uint8 (small to send)."""
 
     pixels: np.ndarray  # (H, W, 3) uint8
+    people: Any = None  # per_person: the detector's input (the working copy for a callable detector)
 
 
 @dataclass
@@ -71,6 +94,8 @@ class FeaturesRaw:
     embedding: torch.Tensor  # (D,)
     patch_features: torch.Tensor  # (D, h, w), h, w = network input / 16
     info: RunInfo
+    boxes: np.ndarray | None = None  # per_person: the people found, in working-copy pixels
+    notices: list[str] = field(default_factory=list)  # the detector's
 
 
 class FeaturesPipeline(Pipeline):
@@ -83,18 +108,36 @@ class FeaturesPipeline(Pipeline):
     """
 
     task = "features"
+    #: ``detector``: how people are found with ``per_person`` (as pose's: "auto", a DETR
+    #: checkpoint, a PersonDetector, a callable, or None for the whole photo)
+    parts = {"detector": "auto"}
 
-    def __call__(self, image: Any) -> FeaturesResult:
-        return self.run_stages(image)
+    def attach(self, detector: Any = "auto") -> None:
+        self.detector = detector
 
-    def prepare(self, intake: Intake, **_: Any) -> FeaturesPrep:
+    def __call__(self, image: Any, *, per_person: bool = False) -> FeaturesResult:
+        return self.run_stages(image, per_person=per_person)
+
+    def prepare(self, intake: Intake, *, per_person: bool = False, **_: Any) -> FeaturesPrep:
         h, w = self.network_hw
         work = intake.work
-        if work.shape[:2] == (h, w):
-            return FeaturesPrep(work)
-        return FeaturesPrep(cv2.resize(work, (w, h), interpolation=cv2.INTER_LINEAR))
+        pixels = (
+            work if work.shape[:2] == (h, w) else cv2.resize(work, (w, h), interpolation=cv2.INTER_LINEAR)
+        )
+        return FeaturesPrep(pixels, self._people_input(work) if per_person else None)
 
-    def infer(self, batch: list[FeaturesPrep], **_: Any) -> list[FeaturesRaw]:
+    def _people_input(self, work: np.ndarray) -> Any:
+        """What the detector needs in :meth:`infer`: a DETR's small input made here on the CPU
+        (not the photo), or the working copy for a callable detector."""
+        from ...models.detector import PersonDetector, detector_input
+
+        if isinstance(self.detector, PersonDetector):
+            return self.detector.input_for(work)
+        if isinstance(self.detector, (str, os.PathLike)):
+            return detector_input(work)
+        return work
+
+    def infer(self, batch: list[FeaturesPrep], *, per_person: bool = False, **_: Any) -> list[FeaturesRaw]:
         timings = [Timing() for _ in batch]
         raws: list[FeaturesRaw] = []
         for a, out in chunked_forward(self, [p.pixels for p in batch], timings):  # a bounded forward
@@ -103,13 +146,29 @@ class FeaturesPipeline(Pipeline):
                 info = self.run_info()  # this photo's share of its chunk's forward
                 info.model_s, info.forward_started = timings[a + i].model_s, timings[a + i].forward_started
                 raws.append(FeaturesRaw(emb[i].clone(), patches[i].clone(), info))
+        if per_person:
+            from ...models.detector import detect_people
+
+            for raw, prep in zip(raws, batch, strict=True):
+                found = detect_people(prep.people, detector=self.detector, device=self.device)
+                # the whole-photo fallback (nobody found, no detector): no person, the CLS stands
+                none = found.source == "whole_image"
+                raw.boxes = np.zeros((0, 4), np.float32) if none else np.asarray(found.boxes, np.float32)
+                raw.notices = list(found.notices) + (
+                    ["No person found: the photo's CLS embedding stands for it."] if none else []
+                )
         return raws
 
     def finish(self, raw: FeaturesRaw, intake: Intake, **_: Any) -> FeaturesResult:
         emb, patches = raw.embedding.float(), raw.patch_features.float()
-        notices = [*intake.notices, *self.small_photo_notices(intake)]
+        notices = [*intake.notices, *self.small_photo_notices(intake), *raw.notices]
         if not (bool(torch.isfinite(emb).all()) and bool(torch.isfinite(patches).all())):
             notices.append("The backbone returned non-finite values; similarity may be meaningless.")
+        patch_np = patches.contiguous().numpy()
+        boxes = vectors = None
+        if raw.boxes is not None:  # pooled in the working copy's pixels, which the grid covers
+            vectors = pooled_embeddings(patch_np, raw.boxes, tuple(intake.work.shape[:2]))
+            boxes = intake.boxes_to_original(raw.boxes).reshape(-1, 4)
         return FeaturesResult(
             image=intake.rgb,
             info=replace(raw.info),
@@ -117,7 +176,9 @@ class FeaturesPipeline(Pipeline):
             downscaled=intake.downscaled,
             name=intake.name,
             embedding=emb.numpy(),
-            patch_features=patches.contiguous().numpy(),
+            patch_features=patch_np,
+            person_boxes=boxes,
+            person_embeddings=vectors,
         )
 
 
@@ -152,11 +213,37 @@ def cosine_similarity(
 # ----------------------------------------------------------------------------- declaration
 
 
-#: A batch row: the backbone's CLS embedding.
+def _row(result: FeaturesResult) -> dict[str, Any]:
+    vectors = result.person_embeddings
+    return {
+        "embedding": np.asarray(result.embedding, np.float32),
+        "person_boxes": result.person_boxes,
+        "person_embeddings": None if vectors is None else np.asarray(vectors, np.float32).reshape(-1),
+    }
+
+
+#: A batch row: the backbone's CLS embedding; with per_person, the people's boxes and vectors.
 RECORD = Record(
-    (Column("embedding", "tensor", "the CLS vector"),),
-    lambda result: {"embedding": np.asarray(result.embedding, np.float32)},
+    (
+        Column("embedding", "tensor", "the CLS vector"),
+        Column("person_boxes", "tensor", "per_person: people x (x1, y1, x2, y2), photo pixels", (4,)),
+        # flat: the width is the CLS vector's, which differs between model sizes
+        Column("person_embeddings", "tensor", "per_person: people x D unit vectors, flat (D: the CLS width)"),
+    ),
+    _row,
 )
+
+
+def _work(infer_opts: Mapping[str, Any]) -> Work:
+    """One forward; with ``per_person`` the person detector first (pooling costs no forward)."""
+    return Work(detector=bool(infer_opts.get("per_person")))
+
+
+OPTIONS = (
+    Option("per_person", "bool", False, "infer", "One vector per person (runs the person detector)",
+           "also find the people and give each an appearance vector: the patch features pooled over "
+           "their box, from the same forward"),
+)  # fmt: skip
 
 
 TASK = Task(
@@ -167,6 +254,8 @@ TASK = Task(
     summary="Features: the backbone's image embedding and a PCA view of its patch features.",
     result_label="Features (PCA)",
     downloads="Downloads (embedding NPY, PCA PNG)",
+    work=_work,
+    options=OPTIONS,
     views=(View("json", "Summary", lambda result, files: result.summary()),),
     compare=Compare(
         "similarity",
