@@ -255,7 +255,7 @@ def test_cpu_estimate_before_and_after_a_run(tmp_path: Path) -> None:
     per_forward = macs / CPU_MACS_PER_S + 1024 * 768 * CPU_NETWORK_PIXEL_S  # about 43 s on the 2-core CPU
     per_frame = 2 * per_forward + job.frame_pixels * CPU_FRAME_PIXEL_S  # + decode, render, encode
     assert estimate.frames == 4 and estimate.cpu_s == pytest.approx(4 * per_frame, rel=0.01)
-    assert "about 5.8 min" in estimate.line(gpu=False)
+    assert "about 5.7 min" in estimate.line(gpu=False)
     requests._measured[("pointmap", "0.4b")] = 2.5
     assert requests.estimate(job).cpu_s == 10.0 and "measured" in requests.estimate(job).basis
 

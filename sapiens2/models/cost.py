@@ -53,11 +53,11 @@ MAX_CALL_S = int(DAILY_QUOTA_S["anonymous"] // duration_factor())
 CPU_MACS_PER_S = 4.0e10
 #: Seconds per network-input pixel of each forward that its multiply-accumulates miss: the heads'
 #: full-resolution layers, normalising the input, reducing the outputs (seg's logits, pose's
-#: heatmaps); about 1.1 s a 1024x768 forward (docs/VIDEO.md, "The CPU estimate").
-CPU_NETWORK_PIXEL_S = 1.4e-6
+#: heatmaps); about 0.8 s a 1024x768 forward (docs/VIDEO.md, "The CPU estimate").
+CPU_NETWORK_PIXEL_S = 1.0e-6
 #: Seconds per clip frame pixel: decoding the frame, resizing the result to it, rendering, two VP8
-#: encodes; about 1.2 s a 1280x720 frame (docs/VIDEO.md, "The CPU estimate").
-CPU_FRAME_PIXEL_S = 1.3e-6
+#: encodes; about 0.46 s a 1280x720 frame (docs/VIDEO.md, "The CPU estimate").
+CPU_FRAME_PIXEL_S = 5.0e-7
 
 
 @dataclass(frozen=True)
