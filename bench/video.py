@@ -87,10 +87,25 @@ def bench_task(task: str, clips: dict[int, Path], out: Path, args: argparse.Name
     hw = (1024, 768) if task == "pointmap" else tuple(args.input_hw)
     return {
         "task": task, "frames": r.frames, "batch": args.batch, "input": f"{hw[0]}x{hw[1]}",
+        "estimate_s": r.frames * first_estimate(task, args.size, hw, tuple(args.clip)),
         "total_s": t["total_s"], "fps": r.frames / t["total_s"], "infer_s": t["infer_s"],
         "model_s": t["model_s"], "decode_s": t["decode_s"], "other_s": t["total_s"] - t["infer_s"] - t["decode_s"],
         "staged": type(staged(pipe)).__name__,
     }  # fmt: skip
+
+
+def first_estimate(task: str, size: str, hw: tuple[int, int], clip_wh: tuple[int, int]) -> float:
+    """The Video tab's seconds per frame before any clip has run (``VideoRequests.cpu_seconds``):
+    the published shape's multiply-accumulates at ``hw`` and the per-pixel costs."""
+    from sapiens2.models import cost
+    from sapiens2.serving.frame_cost import frame_macs, frame_network_pixels
+    from sapiens2.tasks import registry
+
+    decl = registry.get(task)
+    opts = {**decl.defaults(), **OPTIONS[task]}
+    macs = frame_macs(decl, size, opts, hw)
+    pixels = frame_network_pixels(decl, size, opts, hw)
+    return cost.cpu_frame_seconds(macs or 0.0, pixels, clip_wh[0] * clip_wh[1])
 
 
 def smoothing_table() -> None:
@@ -183,9 +198,10 @@ def main() -> None:
     )
     t0 = time.perf_counter()
     print(
-        "| task | input | frames | batch | frames/s | total s | infer s | model s | decode s | other s | stages |"
+        "| task | input | frames | batch | frames/s | first estimate s | total s | infer s | model s | decode s "
+        "| other s | stages |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="sapiens2-video-bench-") as tmp:
         out = Path(tmp)
         clips = {
@@ -195,7 +211,8 @@ def main() -> None:
         for task in args.tasks.split(","):
             r = bench_task(task, clips, out, args)
             print(
-                f"| {r['task']} | {r['input']} | {r['frames']} | {r['batch']} | {r['fps']:.3f} | {r['total_s']:.1f} | "
+                f"| {r['task']} | {r['input']} | {r['frames']} | {r['batch']} | {r['fps']:.3f} | "
+                f"{r['estimate_s']:.1f} | {r['total_s']:.1f} | "
                 f"{r['infer_s']:.1f} | {r['model_s']:.1f} | {r['decode_s']:.2f} | {r['other_s']:.2f} | {r['staged']} |",
                 flush=True,
             )

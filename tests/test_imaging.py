@@ -479,6 +479,23 @@ def test_normalize_matches_formula_for_both_layouts() -> None:
     assert normalize(img, torch.bfloat16).dtype == torch.bfloat16
 
 
+def test_normalize_gives_the_model_the_same_values_and_layout_as_the_plain_formula() -> None:
+    """The channel-first, in-place arithmetic is the formula's, to the bit, and the batch keeps the
+    layout ``x.float()`` has (a permuted batch: channels last), since a convolution's last bits
+    depend on its input's layout."""
+    from sapiens2.inputs.network import _MEAN, _STD
+
+    rng = np.random.default_rng(0)
+    nhwc = torch.from_numpy(rng.integers(0, 256, (2, 6, 5, 3), dtype=np.uint8))
+    for x in (nhwc.permute(0, 3, 1, 2), nhwc.permute(0, 3, 1, 2).contiguous()):
+        plain = (x.float() - _MEAN) / _STD
+        got = normalize(x)
+        assert torch.equal(got, plain) and got.stride() == plain.stride()
+    floats = nhwc.permute(0, 3, 1, 2).float()
+    before = floats.clone()
+    assert torch.equal(normalize(floats), (before - _MEAN) / _STD) and torch.equal(floats, before)
+
+
 def _smooth_image(h: int, w: int) -> np.ndarray:
     yy, xx = np.mgrid[0:h, 0:w]
     return np.stack([xx * 255 / w, yy * 255 / h, 128 + 100 * np.sin(xx / 9.0)], -1).astype(np.uint8)

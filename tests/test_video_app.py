@@ -31,7 +31,12 @@ from sapiens2 import serving  # noqa: E402
 from sapiens2.cli import main  # noqa: E402
 from sapiens2.cli.tasks import is_clip  # noqa: E402
 from sapiens2.errors import ResidencyError  # noqa: E402
-from sapiens2.models.cost import CPU_FRAME_OVERHEAD_S, CPU_MACS_PER_S, MAX_CALL_S  # noqa: E402
+from sapiens2.models.cost import (  # noqa: E402
+    CPU_FRAME_PIXEL_S,
+    CPU_MACS_PER_S,
+    CPU_NETWORK_PIXEL_S,
+    MAX_CALL_S,
+)
 from sapiens2.serving.device import Batch, Clip, Feed, OneTask  # noqa: E402
 from sapiens2.serving.video import VideoRequests  # noqa: E402
 from sapiens2.ui.inputs import NOT_UPLOADED_CLIP  # noqa: E402
@@ -245,10 +250,12 @@ def test_cpu_estimate_before_and_after_a_run(tmp_path: Path) -> None:
     requests = VideoRequests(serving.ModelManager(device="cpu"), serving.RequestFolders(tmp_path / "r"))
     job = requests.job(T("pointmap"), str(clip), "0.4b", stride=2)  # pointmap + its seg model: 2 forwards
     estimate = requests.estimate(job)
-    per_forward = 0.398e9 * (1024 // 16) * (768 // 16) / CPU_MACS_PER_S  # about 40 s on the 2-core CPU
-    per_frame = 2 * per_forward + CPU_FRAME_OVERHEAD_S  # + heads, render, encode
+    tokens = (1024 // 16) * (768 // 16)
+    macs = 0.398e9 * tokens + 2 * 24 * tokens**2 * 1024  # parameters x tokens + 0.4b's attention
+    per_forward = macs / CPU_MACS_PER_S + 1024 * 768 * CPU_NETWORK_PIXEL_S  # about 43 s on the 2-core CPU
+    per_frame = 2 * per_forward + job.frame_pixels * CPU_FRAME_PIXEL_S  # + decode, render, encode
     assert estimate.frames == 4 and estimate.cpu_s == pytest.approx(4 * per_frame, rel=0.01)
-    assert "about 5.8 min" in estimate.line(gpu=False)
+    assert "about 5.7 min" in estimate.line(gpu=False)
     requests._measured[("pointmap", "0.4b")] = 2.5
     assert requests.estimate(job).cpu_s == 10.0 and "measured" in requests.estimate(job).basis
 

@@ -54,9 +54,17 @@ def normalize(img: np.ndarray | torch.Tensor, dtype: torch.dtype = torch.float32
     Takes uint8 (or float in 0-255) as (B, 3, H, W) or (H, W, 3); computed in float32 on the
     tensor's own device, returned in ``dtype``.
     """
-    x = to_device(img).float()
+    x = to_device(img)
     mean, std = _MEAN.to(x.device), _STD.to(x.device)
-    return ((x - mean) / std).to(dtype)
+    if x.dtype != torch.uint8:
+        return ((x.float() - mean) / std).to(dtype)
+    # A permuted (B, H, W, 3) batch has its 3 channels innermost, which makes the broadcast
+    # arithmetic several times slower: do it channel-first and in place (the same values), then
+    # give the model the layout ``x.float()`` has (another layout changes a convolution's last bits)
+    layout = torch.contiguous_format
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        layout = torch.channels_last
+    return x.contiguous().float().sub_(mean).div_(std).contiguous(memory_format=layout).to(dtype)
 
 
 @dataclass(frozen=True)

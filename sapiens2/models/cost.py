@@ -48,11 +48,16 @@ MIN_CALL_S = 5
 #: Never ask for more than a visitor without an account can start on the slowest node: the
 #: request times the node's factor must fit that visitor's daily quota, or it is refused unrun.
 MAX_CALL_S = int(DAILY_QUOTA_S["anonymous"] // duration_factor())
-#: Multiply-accumulates per second of a forward on a 2-core CPU (docs/PERFORMANCE.md).
-CPU_MACS_PER_S = 3.0e10
-#: Seconds a frame costs on a CPU besides the backbone: heads, resizes, finish, render and two VP8
-#: encodes (docs/PERFORMANCE.md, "Numbers behind the code").
-CPU_FRAME_OVERHEAD_S = 5.0
+#: Multiply-accumulates per second of a forward on a 2-core CPU, its attention counted
+#: (``serving.frame_cost``; docs/PERFORMANCE.md, "Numbers behind the code").
+CPU_MACS_PER_S = 4.0e10
+#: Seconds per network-input pixel of each forward that its multiply-accumulates miss: the heads'
+#: full-resolution layers, normalising the input, reducing the outputs (seg's logits, pose's
+#: heatmaps); about 0.8 s a 1024x768 forward (docs/VIDEO.md, "The CPU estimate").
+CPU_NETWORK_PIXEL_S = 1.0e-6
+#: Seconds per clip frame pixel: decoding the frame, resizing the result to it, rendering, two VP8
+#: encodes; about 0.46 s a 1280x720 frame (docs/VIDEO.md, "The CPU estimate").
+CPU_FRAME_PIXEL_S = 5.0e-7
 
 
 @dataclass(frozen=True)
@@ -182,9 +187,12 @@ def clamp(seconds: float) -> int:
     return int(min(MAX_CALL_S, max(MIN_CALL_S, math.ceil(seconds))))
 
 
-def cpu_frame_seconds(macs: float) -> float:
-    """Seconds one frame takes on a CPU whose forwards do ``macs`` multiply-accumulates."""
-    return cpu_forward_seconds(macs) + CPU_FRAME_OVERHEAD_S
+def cpu_frame_seconds(macs: float, network_pixels: int, frame_pixels: int) -> float:
+    """Seconds one clip frame takes on a CPU: its forwards' ``macs`` multiply-accumulates, what
+    those forwards cost per pixel of their ``network_pixels`` (all forwards' inputs together)
+    beyond them, and the frame's own ``frame_pixels`` (decode, resize, render, encode). No fixed
+    term: a small model on a small clip costs little."""
+    return cpu_forward_seconds(macs) + network_pixels * CPU_NETWORK_PIXEL_S + frame_pixels * CPU_FRAME_PIXEL_S
 
 
 def cpu_forward_seconds(macs: float) -> float:

@@ -1,5 +1,11 @@
 """What one frame's forwards cost, for the CPU time estimates of the Video tab's plan and of Live's
-expectation: one figure (:func:`served_frame_macs`) from the models this server runs."""
+expectation: one figure (:func:`served_frame_macs`) from the models this server runs.
+
+A forward's multiply-accumulates are its parameters x tokens (every projection and MLP once per
+token) plus its attention (:func:`attention_macs`: per layer tokens^2 x width for the scores and as
+much for mixing the values), which parameters x tokens misses: at 1024x768 (3072 tokens) it is a
+quarter of a 0.4b forward and nearly all of a tiny test model's (docs/VIDEO.md, "The CPU estimate").
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,25 @@ from typing import Any
 
 from ..errors import Sapiens2Error
 from ..inputs.network import PATCH
-from ..models.zoo import ARCHS
+from ..models.nn.backbone import BackboneConfig
+from ..models.zoo import ARCHS, Arch
 from ..tasks.registry import Task
 from .cache import CUSTOM, ModelManager
+
+
+def frame_network_pixels(
+    task: Task, size: str, infer_opts: Mapping[str, Any], hw: tuple[int, int] | None = None
+) -> int:
+    """Network-input pixels of one frame's forwards (the same forwards :func:`frame_macs` counts),
+    for the part of their cost that follows pixels, not multiply-accumulates
+    (:data:`~sapiens2.models.cost.CPU_NETWORK_PIXEL_S`)."""
+    models = [task] * task.work(infer_opts).forwards + list(task.needs(infer_opts))
+    pixels = 0
+    for t in models:
+        own = size if size in t.spec.sizes else t.spec.default_size(False)
+        h, w = hw or t.spec.input_size(own)
+        pixels += h * w
+    return pixels
 
 
 def frame_macs(
@@ -30,16 +52,41 @@ def frame_macs(
     return None if None in macs else sum(m for m in macs if m is not None)
 
 
+def attention_macs(layers: int, hidden: int, tokens: int) -> float:
+    """Multiply-accumulates of a forward's attention beyond its weights: in each of ``layers``
+    layers the scores (queries x keys) and the values' mix, ``tokens^2 x hidden`` each."""
+    return 2.0 * layers * float(tokens) * float(tokens) * hidden
+
+
+def _tokens(hw: tuple[int, int], stride: int = PATCH) -> int:
+    return (hw[0] // stride) * (hw[1] // stride)
+
+
+def _arch_macs(params: float, hw: tuple[int, int], shape: tuple[int, int, int] | None) -> float:
+    """Parameters x patch tokens, plus the attention of ``shape`` = (layers, width, input pixels per
+    encoder token: 16, or 64 behind the 4K window tokenizer) when known."""
+    macs = params * _tokens(hw)
+    if shape is not None:
+        layers, hidden, stride = shape
+        macs += attention_macs(layers, hidden, _tokens(hw, stride))
+    return macs
+
+
+def _published_shape(arch: Arch) -> tuple[int, int, int]:
+    return arch.layers, arch.hidden, PATCH * (4 if arch.tokenizer_layers else 1)
+
+
 def forward_macs(task: Task, size: str, hw: tuple[int, int] | None = None) -> float | None:
-    """Parameters x tokens of one forward of ``task``'s published backbone at ``size`` (the
+    """Multiply-accumulates of one forward of ``task``'s published backbone at ``size`` (the
     task's CPU default where ``size`` is not one of its sizes) at the network input ``hw`` (None:
-    the checkpoint's own input size); None for no published backbone."""
+    the checkpoint's own input size): parameters x tokens plus :func:`attention_macs`; None for
+    no published backbone."""
     own = size if size in task.spec.sizes else None
     arch = ARCHS.get(own or "") or ARCHS.get(task.spec.default_size(False))
     if arch is None:
         return None
-    h, w = hw or task.spec.input_size(arch.size)
-    return arch.params_b * 1e9 * (h // PATCH) * (w // PATCH)
+    hw = hw or task.spec.input_size(arch.size)
+    return _arch_macs(arch.params_b * 1e9, hw, _published_shape(arch))
 
 
 def served_frame_macs(
@@ -67,17 +114,36 @@ def served_frame_macs(
 def served_forward_macs(
     manager: ModelManager, task: Task, size: str, hw: tuple[int, int] | None = None
 ) -> float | None:
-    """Parameters x tokens of one forward: of the loaded model when there is one, else
+    """Multiply-accumulates of one forward: of the loaded model when there is one (its own
+    parameters, and its encoder's layers and width from its configuration), else
     :func:`forward_macs` of the published backbone."""
     size_arg = size if size in task.spec.sizes else None
     try:
         pipe = manager.get(task, size_arg, load=False)
         model = pipe.model  # an ONNX model's weights are in its file, not its parameters
         params = float(getattr(model, "parameter_count", None) or sum(p.numel() for p in model.parameters()))
-        h, w = hw or pipe.network_hw
+        hw = hw or pipe.network_hw
     except (Sapiens2Error, AttributeError):  # not loaded yet, or a pipeline without a model
         return forward_macs(task, size, hw)
-    return params * (h // PATCH) * (w // PATCH)
+    return _arch_macs(params, hw, _loaded_shape(model, size_arg))
 
 
-__all__ = ["forward_macs", "frame_macs", "served_forward_macs", "served_frame_macs"]
+def _loaded_shape(model: Any, size: str | None) -> tuple[int, int, int] | None:
+    """(layers, width, pixels per token) of a loaded model's encoder: its configuration's (a
+    Sapiens2 task model keeps it on ``backbone``, the bare backbone on itself), else the published
+    size's (a v1 graph or an ONNX file carries no configuration); None when neither is known."""
+    config = getattr(getattr(model, "backbone", model), "config", None)
+    if isinstance(config, BackboneConfig):
+        return config.layers, config.hidden, config.stride
+    arch = ARCHS.get(size or "")
+    return None if arch is None else _published_shape(arch)
+
+
+__all__ = [
+    "attention_macs",
+    "forward_macs",
+    "frame_macs",
+    "frame_network_pixels",
+    "served_forward_macs",
+    "served_frame_macs",
+]

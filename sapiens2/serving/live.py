@@ -119,6 +119,9 @@ class LiveSession:
         with stages.timed("decode"):
             intake = load_image(_bounded(frame))
         decl, size, opts = setup.decl, setup.size, dict(setup.infer_opts)
+        # body parts and the borrowed foreground: the network's argmax enlarged nearest-neighbour,
+        # not the photo tab's exact resize (tasks/seg/seg_nearest.py; tasks without labels ignore it)
+        opts["nearest_labels"] = True
         if setup.hw is not None:
             opts["input_hw"] = setup.hw
         with stages.timed("load"):

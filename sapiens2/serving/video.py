@@ -32,7 +32,7 @@ from .cache import ModelManager
 from .clip_call import ClipCall
 from .device import Device, local_device
 from .folders import RequestFolders
-from .frame_cost import forward_macs, frame_macs, served_frame_macs
+from .frame_cost import forward_macs, frame_macs, frame_network_pixels, served_frame_macs
 from .request_runner import model_sizes
 
 #: Frames per forward inside the clip's call.
@@ -235,8 +235,12 @@ class VideoRequests:
         macs, why = served_frame_macs(self.manager, job.task, job.size, job.infer_opts)
         if macs is None:
             return None, why
-        per_frame = cost.cpu_frame_seconds(macs)
-        basis = "from the model's size at a CPU rate measured on a 2-core machine, plus each frame's decode, render and encode; expect +-50%"
+        pixels = frame_network_pixels(job.task, job.size, job.infer_opts)
+        per_frame = cost.cpu_frame_seconds(macs, pixels, job.frame_pixels)
+        basis = (
+            "from the model's size and attention at a CPU rate measured on a 2-core machine, plus "
+            "per-pixel costs of its outputs and of each frame's decode, render and encode; expect +-50%"
+        )
         if _video(job.task).detect:
             basis += "; one person per frame assumed, each more person adds as much again"
         return frames * per_frame, basis

@@ -124,8 +124,9 @@ class SegMaskedPipeline(Pipeline):
             prep.seg = dense_input(intake.work, pipe.input_size(input_hw), pipe.rules.dense_resize)[0]
         return prep
 
-    def infer_seg(self, batch: list[DensePrep], raws: list[Any]) -> None:
-        """Borrowed segmentation of the preps that carry a seg input: ``raw.seg`` (compact logits)."""
+    def infer_seg(self, batch: list[DensePrep], raws: list[Any], nearest: bool = False) -> None:
+        """Borrowed segmentation of the preps that carry a seg input: ``raw.seg`` (compact logits;
+        with ``nearest``, Live's, the network-resolution labels to enlarge nearest-neighbour)."""
         for raw, prep in zip(raws, batch, strict=True):
             raw.notices += prep.notices
         todo = [i for i, p in enumerate(batch) if p.seg is not None]
@@ -136,7 +137,7 @@ class SegMaskedPipeline(Pipeline):
         for i in todo:
             raws[i].notices += notices
         if pipe is not None:
-            found = pipe.seg_logits([batch[i].seg for i in todo], [raws[i] for i in todo])
+            found = pipe.seg_logits([batch[i].seg for i in todo], [raws[i] for i in todo], nearest)
             for i, logits in zip(todo, found, strict=True):
                 raws[i].seg = logits
 

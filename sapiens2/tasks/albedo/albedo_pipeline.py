@@ -32,7 +32,7 @@ from ..options import Option
 from ..registry import Task, Video
 from ..result_record import ResultArray, array_record, save_arrays
 from ..seg.seg_pipeline import TASK as SEG
-from ..seg.seg_pipeline import SegLogits
+from ..seg.seg_pipeline import NearestLabels, SegLogits
 
 #: the release's background grey (vis_albedo.py)
 BACKGROUND_GREY = 100
@@ -73,7 +73,7 @@ class AlbedoRaw(DenseRaw):
     letterbox padding cut off (float32, not yet clamped), and the borrowed seg's logits."""
 
     albedo: np.ndarray | None = None  # (3, h, w) float32
-    seg: SegLogits | None = None
+    seg: SegLogits | NearestLabels | None = None  # NearestLabels: a live frame's
 
 
 class AlbedoPipeline(SegMaskedPipeline):
@@ -94,12 +94,12 @@ class AlbedoPipeline(SegMaskedPipeline):
     ) -> DensePrep:
         return self.prepare_dense(intake, use_segmentation, input_hw)
 
-    def infer(self, batch: list[DensePrep], **_: Any) -> list[AlbedoRaw]:
+    def infer(self, batch: list[DensePrep], *, nearest_labels: bool = False, **_: Any) -> list[AlbedoRaw]:
         raws = [AlbedoRaw() for _ in batch]
         for a, out in chunked_forward(self, [p.pixels for p in batch], [r.timing for r in raws]):
             for j, values in enumerate(out.values):
                 raws[a + j].albedo = to_cpu32(crop_padding(values, batch[a + j].pad))
-        self.infer_seg(batch, raws)
+        self.infer_seg(batch, raws, nearest_labels)
         return raws
 
     def finish(self, raw: AlbedoRaw, intake: Intake, **_: Any) -> AlbedoResult:

@@ -28,7 +28,7 @@ from ..options import Option
 from ..registry import Task, Video
 from ..result_record import ResultArray, array_record, save_arrays
 from ..seg.seg_pipeline import TASK as SEG
-from ..seg.seg_pipeline import SegLogits
+from ..seg.seg_pipeline import NearestLabels, SegLogits
 
 
 @dataclass(kw_only=True)
@@ -68,7 +68,7 @@ class NormalRaw(DenseRaw):
     with the letterbox padding cut off (float32, not yet unit length), the borrowed seg's logits."""
 
     normals: np.ndarray | None = None  # (3, h, w) float32
-    seg: SegLogits | None = None
+    seg: SegLogits | NearestLabels | None = None  # NearestLabels: a live frame's
 
 
 class NormalPipeline(SegMaskedPipeline):
@@ -93,12 +93,12 @@ class NormalPipeline(SegMaskedPipeline):
     ) -> DensePrep:
         return self.prepare_dense(intake, remove_background, input_hw)
 
-    def infer(self, batch: list[DensePrep], **_: Any) -> list[NormalRaw]:
+    def infer(self, batch: list[DensePrep], *, nearest_labels: bool = False, **_: Any) -> list[NormalRaw]:
         raws = [NormalRaw() for _ in batch]
         for a, out in chunked_forward(self, [p.pixels for p in batch], [r.timing for r in raws]):
             for j, n in enumerate(out.normals):
                 raws[a + j].normals = to_cpu32(crop_padding(n, batch[a + j].pad))
-        self.infer_seg(batch, raws)
+        self.infer_seg(batch, raws, nearest_labels)
         return raws
 
     def finish(self, raw: NormalRaw, intake: Intake, **_: Any) -> NormalResult:

@@ -30,7 +30,7 @@ from ..options import Option
 from ..registry import OnDemand, Task, Video, View
 from ..result_record import Column, ResultArray, array_record, save_arrays
 from ..seg.seg_pipeline import TASK as SEG
-from ..seg.seg_pipeline import SegLogits
+from ..seg.seg_pipeline import NearestLabels, SegLogits
 from .pointmap_clip import DepthFrames
 from .pointmap_files import (
     foreground_points,
@@ -146,7 +146,7 @@ class PointmapRaw(DenseRaw):
     pointmap: np.ndarray | None = None  # (3, h, w) float32, canonical units (not yet / scale)
     scale: float = float("nan")
     pad: PadInfo | None = None
-    seg: SegLogits | None = None
+    seg: SegLogits | NearestLabels | None = None  # NearestLabels: a live frame's
 
 
 class PointmapPipeline(SegMaskedPipeline):
@@ -176,14 +176,14 @@ class PointmapPipeline(SegMaskedPipeline):
     ) -> DensePrep:
         return self.prepare_dense(intake, use_segmentation, input_hw)
 
-    def infer(self, batch: list[DensePrep], **_: Any) -> list[PointmapRaw]:
+    def infer(self, batch: list[DensePrep], *, nearest_labels: bool = False, **_: Any) -> list[PointmapRaw]:
         raws = [PointmapRaw(pad=p.pad) for p in batch]
         for a, out in chunked_forward(self, [p.pixels for p in batch], [r.timing for r in raws]):
             scales = out.scale.float().reshape(len(out.pointmap), -1)[:, 0].tolist()
             for j, (pm, scale) in enumerate(zip(out.pointmap, scales, strict=True)):
                 raw = raws[a + j]
                 raw.pointmap, raw.scale = to_cpu32(crop_padding(pm, raw.pad)), float(scale)
-        self.infer_seg(batch, raws)
+        self.infer_seg(batch, raws, nearest_labels)
         return raws
 
     def finish(self, raw: PointmapRaw, intake: Intake, **_: Any) -> PointmapResult:

@@ -29,7 +29,7 @@ from ..pointmap.pointmap_clip import DepthFrames
 from ..registry import Task, Video, View
 from ..result_record import ResultArray, array_record, save_arrays
 from ..seg.seg_pipeline import TASK as SEG
-from ..seg.seg_pipeline import SegLogits
+from ..seg.seg_pipeline import NearestLabels, SegLogits
 
 #: said wherever v1 depth is shown: its values have no unit
 RELATIVE_NOTE = (
@@ -104,7 +104,7 @@ class DepthRaw(DenseRaw):
     """``DepthPipeline.infer``'s per-photo output: the depth map at network resolution."""
 
     depth: np.ndarray | None = None  # (h, w) float32
-    seg: SegLogits | None = None
+    seg: SegLogits | NearestLabels | None = None  # NearestLabels: a live frame's
 
 
 class DepthPipeline(SegMaskedPipeline):
@@ -123,12 +123,12 @@ class DepthPipeline(SegMaskedPipeline):
     ) -> DensePrep:
         return self.prepare_dense(intake, use_segmentation, input_hw)
 
-    def infer(self, batch: list[DensePrep], **_: Any) -> list[DepthRaw]:
+    def infer(self, batch: list[DensePrep], *, nearest_labels: bool = False, **_: Any) -> list[DepthRaw]:
         raws = [DepthRaw() for _ in batch]
         for a, out in chunked_forward(self, [p.pixels for p in batch], [r.timing for r in raws]):
             for j, d in enumerate(out.depth):
                 raws[a + j].depth = to_cpu32(crop_padding(d[0], batch[a + j].pad))
-        self.infer_seg(batch, raws)
+        self.infer_seg(batch, raws, nearest_labels)
         return raws
 
     def finish(self, raw: DepthRaw, intake: Intake, **_: Any) -> DepthResult:

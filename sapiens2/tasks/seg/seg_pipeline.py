@@ -5,6 +5,8 @@ As in the release, the image is stretched to the network input (no aspect preser
 bilinearly to the original size before the argmax. The device returns the logits in a compact
 exact form (:class:`sapiens2.tasks.seg.seg_logits.SegLogits`: the argmax plus full logit vectors only
 around class boundaries), which the server resizes without ever holding 29 full-size planes.
+Live alone asks for ``nearest_labels``: the device returns the network-resolution argmax and the
+frame's labels are it enlarged nearest-neighbour (:mod:`sapiens2.tasks.seg.seg_nearest`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..options import Option
 from ..registry import Task, Video, View
 from ..result_record import ResultArray, array_record, save_arrays
 from .seg_logits import SegLogits, finite_logits
+from .seg_nearest import NearestLabels
 from .seg_render import (
     blend_segmentation,
     class_shares,
@@ -38,7 +41,15 @@ from .seg_render import (
     segmentation_legend_html,
 )
 
-__all__ = ["TASK", "SegLogits", "SegPipeline", "SegRaw", "SegResult", "person_masks_from_boxes"]
+__all__ = [
+    "TASK",
+    "NearestLabels",
+    "SegLogits",
+    "SegPipeline",
+    "SegRaw",
+    "SegResult",
+    "person_masks_from_boxes",
+]
 
 
 def _as_boxes(boxes: Any) -> np.ndarray:
@@ -119,7 +130,7 @@ class SegRaw(DenseRaw):
     """``SegPipeline.infer``'s per-photo output: compact logits and, with ``boxes="detect"``,
     the boxes the detector found (in working-copy pixels, as the photo it saw)."""
 
-    logits: SegLogits | None = None
+    logits: SegLogits | NearestLabels | None = None  # NearestLabels: Live's (``nearest_labels``)
     boxes: np.ndarray | None = None
 
 
@@ -153,18 +164,29 @@ class SegPipeline(Pipeline):
         pixels, _ = dense_input(intake.work, self.input_size(input_hw), self.rules.dense_resize)
         return DensePrep(pixels, photo=photo)
 
-    def seg_logits(self, images: list[np.ndarray], raws: list[DenseRaw]) -> list[SegLogits]:
-        """Compact logits (on the CPU) of prepared inputs; device time and notices go to ``raws``."""
-        out: list[SegLogits] = []
+    def seg_logits(
+        self, images: list[np.ndarray], raws: list[DenseRaw], nearest: bool = False
+    ) -> list[SegLogits | NearestLabels]:
+        """Compact logits (on the CPU) of prepared inputs, or with ``nearest`` only their
+        network-resolution argmax (Live's); device time and notices go to ``raws``."""
+        out: list[SegLogits | NearestLabels] = []
         for _, result in chunked_forward(self, images, [r.timing for r in raws]):
             for logits in result.logits:
-                raw = raws[len(out)]
-                out.append(SegLogits.from_logits(finite_logits(logits.float(), raw.notices)).cpu())
+                notices = raws[len(out)].notices
+                if nearest:
+                    out.append(NearestLabels.from_logits(logits, notices).cpu())
+                else:
+                    out.append(SegLogits.from_logits(finite_logits(logits.float(), notices)).cpu())
         return out
 
-    def infer(self, batch: list[DensePrep], *, boxes: Any = None, **_: Any) -> list[SegRaw]:
+    def infer(
+        self, batch: list[DensePrep], *, boxes: Any = None, nearest_labels: bool = False, **_: Any
+    ) -> list[SegRaw]:
+        """``nearest_labels`` (Live): return the network-resolution argmax only; ``finish`` then
+        enlarges it nearest-neighbour instead of the exact resize (seg_nearest.py)."""
         raws = [SegRaw() for _ in batch]
-        for raw, logits in zip(raws, self.seg_logits([p.pixels for p in batch], raws), strict=True):
+        pixels = [p.pixels for p in batch]
+        for raw, logits in zip(raws, self.seg_logits(pixels, raws, nearest_labels), strict=True):
             raw.logits = logits
         if _check_boxes(boxes):
             from ...models.detector import detect_people
@@ -175,7 +197,8 @@ class SegPipeline(Pipeline):
         return raws
 
     def finish(self, raw: SegRaw, intake: Intake, *, boxes: Any = None, **_: Any) -> SegResult:
-        """Labels at the photo's size (exact argmax of the bilinearly resized logits), shares,
+        """Labels at the photo's size (exact argmax of the bilinearly resized logits; Live's
+        ``nearest_labels``: the network's argmax enlarged nearest-neighbour), shares,
         and the per-person masks when boxes were given or found."""
         info, notices = start_result(self, intake, raw)
         notices[len(intake.notices) : len(intake.notices)] = getattr(boxes, "notices", [])
