@@ -19,6 +19,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from ..data.keypoint_sets import BY_NAME, GOLIATH308
 from ..inputs.intake import load_image
 from ..models import cost
 from ..models.zoo import ARCHS
@@ -40,6 +41,7 @@ from .live_setup import (
     input_label,
     live_setup,
     live_size,
+    model_label,
 )
 from .live_stream import LatestFrame, LiveFrame, LiveStats
 from .present import Stages
@@ -128,6 +130,9 @@ class LiveSession:
             with stages.timed("people"):
                 people = self._people(setup, intake.rgb)
             result = self._infer(pipe, setup, intake, opts, people, stages)
+        kset = getattr(result, "keypoint_set", None)  # a Sapiens v1 17 / 133 model's, lifted to 308
+        if kset and kset != GOLIATH308.name:
+            setup.keypoints = BY_NAME[kset].label
         with stages.timed("render"):
             image = self._render(setup, intake.rgb, result, people, at)
         done = self.clock()
@@ -135,7 +140,7 @@ class LiveSession:
         self.stats.add(done, done - at, model_s, done - t0, dropped)
         self._k += 1
         self._last_done = done
-        readout = f"{decl.tab} {setup.size_label} · input {setup.input_note} · {self.stats.line()}"
+        readout = f"{model_label(setup)} · input {setup.input_note} · {self.stats.line()}"
         return LiveFrame(image, readout, model_s, done - t0, done - at, stages.seconds)
 
     def _infer(
@@ -278,4 +283,5 @@ __all__ = [
     "input_label",
     "live_setup",
     "live_size",
+    "model_label",
 ]
