@@ -124,9 +124,10 @@ def test_v1_pose_runs_live_with_its_keypoint_set_and_a_fixed_batch_graph(v1_file
     assert exported.get(T("pose")).model.batch == 2
 
 
+@pytest.mark.slow
 def test_the_live_tab_handler_and_its_expectation_name_the_v1_model(v1_file, offline) -> None:
     """The server path the Live tab streams through (``live_tab.live_frame``) and the note before
-    starting: a v1 checkpoint, and a v1 zoo size never loaded (the published depth default)."""
+    starting, with v1 checkpoints the operator gave."""
     manager = v1_manager(v1_file, seg="seg", depth="depth")
     run = SimpleNamespace(manager=manager, requests=SimpleNamespace(device=None))
     handler = live_tab.live_frame(run)  # type: ignore[arg-type]
@@ -135,6 +136,9 @@ def test_the_live_tab_handler_and_its_expectation_name_the_v1_model(v1_file, off
     note = live_tab.expectation(run, "depth", None, FAST)  # type: ignore[arg-type]
     assert note.startswith(f"**Depth (v1) custom · {MARK}**, {FIXED}, on this CPU."), note
 
+
+def test_a_v1_zoo_size_is_marked_and_keeps_its_input_before_it_loads() -> None:
+    """What the Live tab says before starting, for the published sizes (the depth default is v1)."""
     published = serving.ModelManager(device="cpu")
     setup = live_setup(published, LiveOptions(T("depth"), input=FAST))
     assert setup.size == "v1-1b" and setup.hw is None
@@ -145,6 +149,7 @@ def test_the_live_tab_handler_and_its_expectation_name_the_v1_model(v1_file, off
     assert plain.mark == "" and plain.hw == (512, 384)  # Sapiens2 keeps the faster input
 
 
+@pytest.mark.slow
 def test_an_exported_program_of_another_input_size_is_refused_in_one_sentence(tmp_path: Path) -> None:
     path = save_v1("seg", tmp_path, "bfloat16", hw=(512, 384))
     with pytest.raises(CheckpointError) as err:
