@@ -79,22 +79,31 @@ def load() -> str:
     return Path("/proc/loadavg").read_text().split(" ")[0]
 
 
-def timed_rounds(models: dict[str, nn.Module], x: torch.Tensor, runs: int) -> dict[str, list[float]]:
+def timed_rounds(
+    models: dict[str, nn.Module], x: torch.Tensor, runs: int
+) -> dict[str, list[tuple[float, float]]]:
     """``runs`` rounds, each timing every model once in turn, so a change of load touches every
-    format alike; the 1-minute load average is printed before and after each forward."""
-    out: dict[str, list[float]] = {name: [] for name in models}
+    format alike: (wall seconds, CPU seconds of this process) per forward. The CPU seconds are
+    the work done whatever else runs (with 2 threads, about twice the wall time on an idle
+    machine); the 1-minute load average is printed before and after each forward."""
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
     with torch.inference_mode():
         for name, model in models.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             model(x)  # warm-up (not counted)
-            print(f"warm-up {name}: {time.perf_counter() - t0:.2f} s (load now {load()})", flush=True)
+            print(f"warm-up {name}: {time.perf_counter() - t0:.2f} s, CPU {time.process_time() - c0:.2f} s "
+                  f"(load now {load()})", flush=True)  # fmt: skip
         for r in range(runs):
             for name, model in models.items():
                 before = load()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 model(x)
-                out[name].append(time.perf_counter() - t0)
-                print(f"round {r + 1} {name}: {out[name][-1]:.2f} s (load {before} -> {load()})", flush=True)
+                out[name].append((time.perf_counter() - t0, time.process_time() - c0))
+                wall, cpu = out[name][-1]
+                print(
+                    f"round {r + 1} {name}: {wall:.2f} s, CPU {cpu:.2f} s (load {before} -> {load()})",
+                    flush=True,
+                )
     return out
 
 
@@ -137,8 +146,9 @@ def main() -> None:
         models[name] = load_model("pose", checkpoint=path, device="cpu", dtype=dtype)
         print(f"{name}: size {models[name].size}", flush=True)
     for name, seconds in timed_rounds(models, x, args.runs).items():
-        print(f"{name}: median {statistics.median(seconds):.2f} s per forward "
-              f"({', '.join(f'{s:.2f}' for s in seconds)})")  # fmt: skip
+        wall, cpu = (statistics.median(s[i] for s in seconds) for i in (0, 1))
+        print(f"{name}: median {wall:.2f} s per forward, CPU {cpu:.2f} s "
+              f"({', '.join(f'{w:.2f}' for w, _ in seconds)})")  # fmt: skip
 
 
 if __name__ == "__main__":

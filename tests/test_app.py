@@ -290,7 +290,8 @@ def test_all_tasks(client: Client) -> None:
     for pair in (pose[0], seg[0], normal[0], pointmap[0], depth[0], matting[0], feats[0]):
         check_slider(pair)
     check_files(pointmap[2], {".glb", ".npy"})
-    check_files(depth[2], {".glb", ".ply", ".npy"})  # v1 depth's 3D: shape up to scale (issue 43)
+    assert depth[2].endswith("_depth_mesh_preview.glb")  # v1 depth's 3D view: shape up to scale (issue 43)
+    check_files(depth[3], {".glb", ".ply", ".npy"})
 
 
 def test_unreadable_file_is_an_error_with_the_reason(client: Client, tmp_path) -> None:

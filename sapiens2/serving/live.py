@@ -92,6 +92,7 @@ class LiveSession:
             self.stats, self._k = LiveStats(), 0
         else:  # same model and stream: keep the tracks and the colour scale, take the new rendering
             setup.people, setup.scale = self._setup.people, self._setup.scale
+            setup.keypoints = self._setup.keypoints  # named still on a frame with nobody in it
             if repr(sorted(setup.infer_opts.items())) == repr(sorted(self._setup.infer_opts.items())):
                 setup.seconds, setup.detect_seconds = self._setup.seconds, self._setup.detect_seconds
         self._setup = setup
