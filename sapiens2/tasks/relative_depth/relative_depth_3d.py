@@ -21,14 +21,14 @@ import numpy as np
 from ...outputs.export import (
     GLB_MAX_POINTS,
     safe_path,
-    subsample,
     write_point_cloud_glb,
     write_point_cloud_ply,
 )
 from ...outputs.mesh import PREVIEW_MAX_FACES, preview_mesh, write_mesh_glb
 from ...outputs.writers import NOW, Writer
 
-#: the horizontal field of view the back-projection assumes (a phone's main camera is 65-75°)
+#: the horizontal field of view the back-projection assumes: a middle value (a phone's main
+#: camera sees about 65-75°, a portrait lens or a crop less)
 ASSUMED_FOV_DEG = 60.0
 #: how the 3D is labelled in the page ("°") and in the files (ASCII)
 THREE_D_LABEL = f"relative depth: shape up to scale, assumed {ASSUMED_FOV_DEG:g}° field of view"
@@ -71,11 +71,10 @@ def write_depth_3d(
     at = np.flatnonzero(mask)
     ply, glb, preview = (safe_path(out_dir, name, suffix) for suffix in THREE_D_FILES)
     cloud = points.reshape(-1, 3)[at], image.reshape(-1, 3)[at]
-    kept = subsample(len(at), GLB_MAX_POINTS)
     mesh = preview_mesh(points, mask, image, focal_px=focal, max_faces=PREVIEW_MAX_FACES)
     return [
         write_point_cloud_ply(ply, *cloud, note=THREE_D_NOTE, writer=writer),
-        write_point_cloud_glb(glb, cloud[0][kept], cloud[1][kept], note=THREE_D_NOTE, writer=writer),
+        write_point_cloud_glb(glb, *cloud, max_points=GLB_MAX_POINTS, note=THREE_D_NOTE, writer=writer),
         write_mesh_glb(preview, mesh, note=THREE_D_NOTE, writer=writer),
     ]
 
