@@ -2,7 +2,7 @@
 (both loaded through ``sapiens2.load_model``, as the pipelines get them) against a Sapiens2 0.4b
 pose model, random weights, 1024x768, batch 1. Not a test: numbers depend on the machine.
 
-    python bench/v1_forward.py --runs 2 --out /tmp/v1bench
+    python bench/v1_forward.py --runs 3 --out /tmp/v1bench   # formats alternate within each round
     python bench/v1_forward.py --layers 2 --runs 1   # the same widths, 2 of the 24 layers (a busy CPU)
 
 The v1 graph is a plain ViT of the spec's 0.3b shape (1024 wide, 24 layers, 16 heads, FFN 4096,
@@ -75,14 +75,35 @@ class V1Pose(nn.Module):
         return self.head(t.transpose(1, 2).reshape(b, c, h, w))
 
 
-def timed(model: nn.Module, x: torch.Tensor, runs: int) -> list[float]:
-    out = []
+def load() -> str:
+    return Path("/proc/loadavg").read_text().split(" ")[0]
+
+
+def timed_rounds(
+    models: dict[str, nn.Module], x: torch.Tensor, runs: int
+) -> dict[str, list[tuple[float, float]]]:
+    """``runs`` rounds, each timing every model once in turn, so a change of load touches every
+    format alike: (wall seconds, CPU seconds of this process) per forward. The CPU seconds are
+    the work done whatever else runs (with 2 threads, about twice the wall time on an idle
+    machine); the 1-minute load average is printed before and after each forward."""
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
     with torch.inference_mode():
-        model(x)  # warm-up
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            model(x)
-            out.append(time.perf_counter() - t0)
+        for name, model in models.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            model(x)  # warm-up (not counted)
+            print(f"warm-up {name}: {time.perf_counter() - t0:.2f} s, CPU {time.process_time() - c0:.2f} s "
+                  f"(load now {load()})", flush=True)  # fmt: skip
+        for r in range(runs):
+            for name, model in models.items():
+                before = load()
+                t0, c0 = time.perf_counter(), time.process_time()
+                model(x)
+                out[name].append((time.perf_counter() - t0, time.process_time() - c0))
+                wall, cpu = out[name][-1]
+                print(
+                    f"round {r + 1} {name}: {wall:.2f} s, CPU {cpu:.2f} s (load {before} -> {load()})",
+                    flush=True,
+                )
     return out
 
 
@@ -90,6 +111,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("/tmp/v1bench"))
+    ap.add_argument("--skip-bf16", action="store_true", help="leave out the bfloat16 run (emulated on a CPU)")
     ap.add_argument("--layers", type=int, default=24, help="backbone layers of both models (published: 24)")
     args = ap.parse_args()
     args.out = args.out / f"layers{args.layers}"
@@ -116,13 +138,17 @@ def main() -> None:
         )  # fmt: skip
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, layers {args.layers}, "
           f"load average {os.getloadavg()}")  # fmt: skip
+    models = {}
     for name, path, dtype in (("v1 0.3b TorchScript fp32", ts, None), ("v1 0.3b ExportedProgram fp32", ep, None),
                               ("v1 0.3b ExportedProgram bf16", ep, "bf16"), ("Sapiens2 0.4b fp32", s2, None)):  # fmt: skip
-        model = load_model("pose", checkpoint=path, device="cpu", dtype=dtype)
-        seconds = timed(model, x, args.runs)
-        print(f"{name}: size {model.size}, median {statistics.median(seconds):.2f} s per forward "
-              f"({', '.join(f'{s:.2f}' for s in seconds)}); load average now {os.getloadavg()[0]:.1f}")  # fmt: skip
-        del model
+        if dtype == "bf16" and args.skip_bf16:
+            continue
+        models[name] = load_model("pose", checkpoint=path, device="cpu", dtype=dtype)
+        print(f"{name}: size {models[name].size}", flush=True)
+    for name, seconds in timed_rounds(models, x, args.runs).items():
+        wall, cpu = (statistics.median(s[i] for s in seconds) for i in (0, 1))
+        print(f"{name}: median {wall:.2f} s per forward, CPU {cpu:.2f} s "
+              f"({', '.join(f'{w:.2f}' for w, _ in seconds)})")  # fmt: skip
 
 
 if __name__ == "__main__":

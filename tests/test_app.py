@@ -282,14 +282,16 @@ def test_all_tasks(client: Client) -> None:
         photo=photo(), pose_size="0.4b", classes=["Torso"], pointmap_use_segmentation=False, api_name="/all"
     )
     pose, seg, normal, pointmap, depth, matting, feats = (
-        values[0:4], values[4:8], values[8:11], values[11:15], values[15:19], values[19:22], values[22:26]
+        values[0:4], values[4:8], values[8:11], values[11:15], values[15:20], values[20:23], values[23:27]
     )  # fmt: skip
-    assert len(values) == 27  # each tab's outputs as its own endpoint's, then the status
+    assert len(values) == 28  # each tab's outputs as its own endpoint's, then the status
     assert values[-1].startswith("7 of 7 tasks:")
     check_pose_json(pose[1])
     for pair in (pose[0], seg[0], normal[0], pointmap[0], depth[0], matting[0], feats[0]):
         check_slider(pair)
     check_files(pointmap[2], {".glb", ".npy"})
+    assert depth[2].endswith("_depth_mesh_preview.glb")  # v1 depth's 3D view: shape up to scale (issue 43)
+    check_files(depth[3], {".glb", ".ply", ".npy"})
 
 
 def test_unreadable_file_is_an_error_with_the_reason(client: Client, tmp_path) -> None:

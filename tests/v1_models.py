@@ -33,11 +33,14 @@ class TinyV1(nn.Module):
         return (f,) if self.head is None else self.head(f)
 
 
-def save_v1(kind: str, folder: Path, fmt: str = "torchscript", batch: int = 1) -> Path:
-    """Write the tiny ``kind`` graph as ``sapiens_tiny_<kind>_<fmt>.pt2`` in ``folder``."""
+def save_v1(
+    kind: str, folder: Path, fmt: str = "torchscript", batch: int = 1, hw: tuple[int, int] | None = None
+) -> Path:
+    """Write the tiny ``kind`` graph as ``sapiens_tiny_<kind>_<fmt>.pt2`` in ``folder``, traced or
+    exported at ``hw`` (default: the release's input)."""
     out, ups = SHAPES[kind]
     model = TinyV1(out, ups).eval()
-    hw = (1024, 1024) if kind == "features" else (1024, 768)
+    hw = hw or ((1024, 1024) if kind == "features" else (1024, 768))
     x = torch.zeros(batch, 3, *hw)
     path = folder / f"sapiens_tiny_{kind}_{fmt}.pt2"
     if fmt == "torchscript":

@@ -15,6 +15,7 @@ import re
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -189,9 +190,16 @@ def load_v1_model(
         zoo_size = f"v1-{found}" + ("-bf16" if fmt == EXPORTED else "") if found else None
     if zoo_size is not None and zoo_size not in spec.sizes:
         zoo_size = None  # a published width with no zoo row for this task: custom
+    input_hw = spec.input_size(zoo_size or "v1-")
+    exported = _exported_hw(graph) if fmt == EXPORTED else None
+    if exported is not None and exported != tuple(input_hw):
+        raise CheckpointError(
+            f"{path} was exported for {exported[0]}x{exported[1]} inputs and runs at no other size; a Sapiens "
+            f"v1 {task} model takes {input_hw[0]}x{input_hw[1]}."
+        )
     model = V1Model(
         graph, task=task, output=spec.output, rules=V1_RULES, size=zoo_size, fmt=fmt,
-        input_hw=spec.input_size(zoo_size or "v1-"), batch=batch,
+        input_hw=input_hw, batch=batch,
     )  # fmt: skip
     model.checkpoint_path = str(path)
     model.keypoints = _keypoints_named(path.name) if spec.output == "PoseOutput" else None
@@ -228,13 +236,25 @@ def _load_graph(
         ) from err
 
 
-def _fixed_batch(graph: torch.nn.Module) -> int | None:
-    """The batch an ExportedProgram was exported with when it is static (None: dynamic)."""
+def _input_shape(graph: torch.nn.Module) -> tuple[Any, ...]:
+    """The shape an ExportedProgram's input was exported with (symbols where it is dynamic)."""
     for node in getattr(getattr(graph, "graph", None), "nodes", ()):
         if node.op == "placeholder" and "val" in node.meta:
-            dim = node.meta["val"].shape[0]
-            return int(dim) if isinstance(dim, int) else None
-    return None
+            return tuple(node.meta["val"].shape)
+    return ()
+
+
+def _fixed_batch(graph: torch.nn.Module) -> int | None:
+    """The batch an ExportedProgram was exported with when it is static (None: dynamic)."""
+    shape = _input_shape(graph)
+    return int(shape[0]) if shape and isinstance(shape[0], int) else None
+
+
+def _exported_hw(graph: torch.nn.Module) -> tuple[int, int] | None:
+    """The (H, W) an ExportedProgram was exported with when both are static: its shape guards
+    refuse any other input (None: dynamic, or not known)."""
+    hw = _input_shape(graph)[-2:]
+    return (int(hw[0]), int(hw[1])) if len(hw) == 2 and all(isinstance(v, int) for v in hw) else None
 
 
 def _size_of(graph: torch.nn.Module, fmt: str) -> str | None:

@@ -43,6 +43,9 @@ class Rules:
     seg_missing: tuple[int, ...] = ()
     #: results say which generation and licence made them (the Space's own Sapiens2 need not)
     marked: bool = False
+    #: the model runs only at its exported input (v1: a position embedding of 64x48 patches
+    #: traced into the graph; an ExportedProgram's guards): Live offers it no faster input
+    fixed_input: bool = False
 
     def mark(self, size: str | None) -> str:
         """What the page shows beside a result ("Sapiens v1 · 1b · CC-BY-NC-4.0"; "" unmarked)."""
@@ -56,7 +59,8 @@ SAPIENS2_RULES = Rules(
     "Sapiens2", "Sapiens2 License", tuple(255 * m for m in IMAGE_MEAN), tuple(255 * s for s in IMAGE_STD)
 )
 #: The lite demo's numbers (the training configs use exact ImageNet x255; < 0.3 grey levels apart).
-V1_RULES = Rules("Sapiens v1", V1_LICENSE, (123.5, 116.5, 103.5), (58.5, 57.0, 57.5), "stretch", (2,), True)
+V1_RULES = Rules("Sapiens v1", V1_LICENSE, (123.5, 116.5, 103.5), (58.5, 57.0, 57.5), "stretch", (2,),
+                 marked=True, fixed_input=True)  # fmt: skip
 #: v1 sizes are ``v1-<size>`` (TorchScript, fp32) and ``v1-<size>-bf16`` (the ExportedProgram).
 V1_PREFIX, V1_BF16 = "v1-", "-bf16"
 V1_FORMATS = {"": "torchscript", V1_BF16: "bfloat16"}

@@ -172,11 +172,13 @@ def _cloud(points: Any, colors: Any) -> tuple[np.ndarray, np.ndarray | None]:
     return pts[keep], None if cols is None else cols[keep]
 
 
-def write_point_cloud_ply(path: str | Path, points: Any, colors: Any = None, *, writer: Writer = NOW) -> Path:
+def write_point_cloud_ply(
+    path: str | Path, points: Any, colors: Any = None, *, note: str | None = None, writer: Writer = NOW
+) -> Path:
     """Binary little-endian PLY: float x, y, z (+ uchar red, green, blue, alpha = 255);
-    non-finite points dropped."""
+    non-finite points dropped. ``note``: a header comment on what the coordinates mean."""
     pts, cols = _cloud(points, colors)
-    return writer.write(_prepare(path), lambda p: plyglb.write_vertex_ply(p, pts, cols))
+    return writer.write(_prepare(path), lambda p: plyglb.write_vertex_ply(p, pts, cols, note=note))
 
 
 def subsample(n: int, max_points: int) -> np.ndarray:
@@ -193,6 +195,7 @@ def write_point_cloud_glb(
     *,
     max_points: int = GLB_MAX_POINTS,
     opencv_to_gltf: bool = True,
+    note: str | None = None,
     writer: Writer = NOW,
 ) -> Path:
     """glTF 2.0 binary with one POINTS primitive (POSITION float32, COLOR_0 RGBA uint8
@@ -201,7 +204,8 @@ def write_point_cloud_glb(
     At most max_points points (a deterministic random subset; keep the full cloud in the PLY).
     opencv_to_gltf: the points are camera coordinates (x right, y down, z forward) and are
     turned into glTF's frame (y up, z toward the viewer) by negating y and z, so a viewer shows
-    the person upright. An empty cloud gives a valid file whose one node has no mesh.
+    the person upright. An empty cloud gives a valid file whose one node has no mesh. ``note``:
+    what the coordinates mean (the asset's ``extras``).
     """
     if max_points < 1:
         raise OptionError(f"max_points must be at least 1, got {max_points}.")
@@ -210,4 +214,4 @@ def write_point_cloud_glb(
     if len(idx) < len(pts):
         pts, cols = pts[idx], None if cols is None else cols[idx]
     flip = OPENCV_TO_GLTF if opencv_to_gltf else None
-    return writer.write(_prepare(path), lambda p: plyglb.write_vertex_glb(p, pts, cols, flip=flip))
+    return writer.write(_prepare(path), lambda p: plyglb.write_vertex_glb(p, pts, cols, flip=flip, note=note))

@@ -202,16 +202,23 @@ def preview_mesh(
 
 
 def write_mesh_glb(
-    path: str | Path, mesh: GridMesh, *, opencv_to_gltf: bool = True, writer: Writer = NOW
+    path: str | Path,
+    mesh: GridMesh,
+    *,
+    opencv_to_gltf: bool = True,
+    note: str | None = None,
+    writer: Writer = NOW,
 ) -> Path:
     """glTF 2.0 binary: one TRIANGLES primitive, POSITION float32, COLOR_0 RGBA uint8 normalised,
-    uint32 indices. ``opencv_to_gltf``: camera frame -> glTF frame (see :data:`OPENCV_TO_GLTF`).
+    uint32 indices. ``opencv_to_gltf``: camera frame -> glTF frame (see :data:`OPENCV_TO_GLTF`);
+    ``note``: what the coordinates mean (the asset's ``extras``).
 
     A mesh with vertices but no face (every triangle cut) is written as a POINTS primitive, since
     a triangle primitive without indices would draw its vertices as triangles."""
     flip = OPENCV_TO_GLTF if opencv_to_gltf else None
     return writer.write(
-        prepare(path), lambda p: plyglb.write_vertex_glb(p, mesh.vertices, mesh.colors, mesh.faces, flip=flip)
+        prepare(path),
+        lambda p: plyglb.write_vertex_glb(p, mesh.vertices, mesh.colors, mesh.faces, flip=flip, note=note),
     )
 
 

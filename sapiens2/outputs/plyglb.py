@@ -74,12 +74,20 @@ def _write_rows(out: IO[bytes], n: int, dtype: np.dtype, fill: Callable[[np.ndar
         out.write(memoryview(rows).cast("B"))
 
 
-def write_vertex_ply(path: str | Path, vertices: Any, colors: Any = None, faces: Any = None) -> Path:
+def write_vertex_ply(
+    path: str | Path, vertices: Any, colors: Any = None, faces: Any = None, *, note: str | None = None
+) -> Path:
     """Binary little-endian PLY of ``vertices`` (N, 3) float32, optional ``colors`` (N, 3) uint8
     (written RGBA, alpha 255) and optional ``faces`` (F, 3) vertex indices (a face element, even
-    when F is 0; none when ``faces`` is None)."""
+    when F is 0; none when ``faces`` is None). ``note``: a header comment (one ASCII line) saying
+    what the coordinates mean."""
     v, c, f = _checked(vertices, colors, faces)
-    lines = ["ply", "format binary_little_endian 1.0", f"element vertex {len(v)}"]
+    lines = ["ply", "format binary_little_endian 1.0"]
+    if note is not None:
+        if not note.isascii() or not note.isprintable():
+            raise ValueError("A PLY comment must be one line of printable ASCII.")
+        lines.append(f"comment {note}")
+    lines.append(f"element vertex {len(v)}")
     lines += [f"property float {axis}" for axis in "xyz"]
     if c is not None:
         lines += [f"property uchar {name}" for name in ("red", "green", "blue", "alpha")]
@@ -122,8 +130,10 @@ def write_vertex_glb(
     faces: Any = None,
     *,
     flip: Any = None,
+    note: str | None = None,
 ) -> Path:
     """GLB of one primitive: TRIANGLES when ``faces`` (F, 3) has a face, else POINTS.
+    ``note``: what the coordinates mean, kept in the asset's ``extras``.
 
     ``flip``: per-axis factors (3,) applied to the positions as they are written (e.g.
     ``(1, -1, -1)``: camera frame -> glTF frame); faces are written as they are, so the caller
@@ -138,6 +148,8 @@ def write_vertex_glb(
         "scenes": [{"nodes": [0]}],
         "nodes": [{"name": "geometry_0"}],
     }
+    if note is not None:
+        gltf["asset"]["extras"] = {"note": str(note)}
     blocks: list[Block] = []
     if len(v):
         mesh, blocks = _glb_mesh(v, c, f, scale)

@@ -19,6 +19,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from ..data.keypoint_sets import BY_NAME, GOLIATH308
 from ..inputs.intake import load_image
 from ..models import cost
 from ..models.zoo import ARCHS
@@ -42,6 +43,7 @@ from .live_setup import (
     input_label,
     live_setup,
     live_size,
+    model_label,
 )
 from .live_stream import LatestFrame, LiveFrame, LiveStats
 from .present import Stages
@@ -92,6 +94,7 @@ class LiveSession:
             self.stats, self._k = LiveStats(), 0
         else:  # same model and stream: keep the tracks and the colour scale, take the new rendering
             setup.people, setup.scale = self._setup.people, self._setup.scale
+            setup.keypoints = self._setup.keypoints  # named still on a frame with nobody in it
             if repr(sorted(setup.infer_opts.items())) == repr(sorted(self._setup.infer_opts.items())):
                 setup.seconds, setup.detect_seconds = self._setup.seconds, self._setup.detect_seconds
         self._setup = setup
@@ -133,6 +136,9 @@ class LiveSession:
             with stages.timed("people"):
                 people = self._people(setup, intake.rgb)
             result = self._infer(pipe, setup, intake, opts, people, stages)
+        kset = getattr(result, "keypoint_set", None)  # a Sapiens v1 17 / 133 model's, lifted to 308
+        if kset and kset != GOLIATH308.name:
+            setup.keypoints = BY_NAME[kset].label
         with stages.timed("render"):
             image = self._render(setup, intake.rgb, result, people, at)
         done = self.clock()
@@ -140,7 +146,7 @@ class LiveSession:
         self.stats.add(done, done - at, model_s, done - t0, dropped)
         self._k += 1
         self._last_done = done
-        readout = f"{decl.tab} {setup.size_label} · input {setup.input_note} · {self.stats.line()}"
+        readout = f"{model_label(setup)} · input {setup.input_note} · {self.stats.line()}"
         return LiveFrame(image, readout, model_s, done - t0, done - at, stages.seconds)
 
     def _infer(
@@ -283,4 +289,5 @@ __all__ = [
     "input_label",
     "live_setup",
     "live_size",
+    "model_label",
 ]

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import OptionError
+from ..errors import OptionError, Sapiens2Error
+from ..models.zoo import SAPIENS2_RULES, V1_RULES, Rules
 from ..tasks.pointmap.frame_depth_colours import DepthScale
 from ..tasks.pose.pose_tracking import PoseTracking, TrackingOptions
 from ..tasks.registry import Task
@@ -62,10 +63,19 @@ class LiveSetup:
     infer_opts: dict[str, Any]
     render_opts: dict[str, Any]  # every rendering option, defaults filled in
     given: dict[str, Any]  # the rendering options the viewer gave
+    mark: str = ""  # "Sapiens v1 · 1b · CC-BY-NC-4.0" beside the model's name ("" for Sapiens2)
+    keypoints: str = ""  # a pose model's keypoint set other than the 308 one, once it has run ("COCO-17")
     seconds: int = 0  # what a frame's call reserves (models/cost.py); 0: not priced yet
     detect_seconds: int = 0  # what a detection call reserves
     people: PoseTracking | None = None
     scale: DepthScale | None = None
+
+
+def model_label(setup: LiveSetup) -> str:
+    """How the readout and the tab name the model: "Pose v1-1b · Sapiens v1 · 1b · CC-BY-NC-4.0",
+    and a v1 pose model's keypoint set once known ("... · COCO-17 keypoints")."""
+    marks = [m for m in (setup.mark, setup.keypoints and f"{setup.keypoints} keypoints") if m]
+    return " · ".join([f"{setup.decl.tab} {setup.size_label}", *marks])
 
 
 def live_size(manager: ModelManager, task: Task, size: str | None = None) -> str:
@@ -74,6 +84,19 @@ def live_size(manager: ModelManager, task: Task, size: str | None = None) -> str
     if not size:
         size = LIVE_SIZE if LIVE_SIZE in manager.sizes(task) else None
     return manager.resolve_size(task, size)
+
+
+def model_rules(manager: ModelManager, task: Task, size: str) -> Rules:
+    """The rules of the model a live view of ``task`` runs, known before it loads: those of the
+    operator's checkpoint (a Sapiens v1 graph or not, from its bytes), else of the zoo size."""
+    if task.name not in manager.checkpoints:
+        return task.spec.rules(size)
+    from ..models.v1_files import is_graph_checkpoint
+
+    try:
+        return V1_RULES if is_graph_checkpoint(manager.checkpoints[task.name]) else SAPIENS2_RULES
+    except Sapiens2Error:  # an unreadable file: its load reports what is wrong
+        return SAPIENS2_RULES
 
 
 def live_setup(manager: ModelManager, options: LiveOptions) -> LiveSetup:
@@ -94,9 +117,12 @@ def live_setup(manager: ModelManager, options: LiveOptions) -> LiveSetup:
         values["flip_test"] = options.flip_test
     infer_opts, render_opts = decl.split(values, gpu=manager.cuda)
     hw, note = INPUTS[options.input], input_label(options.input)
+    rules = model_rules(manager, decl, size)
     if hw is not None and getattr(decl.pipeline, "fixed_input", False):
         hw, note = None, f"1024x768 ({decl.tab} runs only at the release's input)"
+    elif hw is not None and rules.fixed_input:
+        hw, note = None, f"1024x768 (a {rules.generation} model runs only at the input it was exported at)"
     key = (decl, size, hw, infer_opts.get("flip_test"), options.tracking)
     given = {k: render_opts[k] for k in values if k in render_opts}
     label = manager.key(decl, size)[1]
-    return LiveSetup(key, decl, size, label, hw, note, infer_opts, render_opts, given)
+    return LiveSetup(key, decl, size, label, hw, note, infer_opts, render_opts, given, rules.mark(size))

@@ -29,6 +29,7 @@ from ..serving.live import (
     input_label,
     live_setup,
     live_size,
+    model_label,
 )
 from ..zerogpu import zero_gpu_enabled
 from .error_board import reported
@@ -230,8 +231,8 @@ def expectation(run: Runner, task: str, size: str | None, network_input: str, fl
     except Sapiens2Error as err:  # a bad choice says so here; the stream reports it too
         return f"Cannot run this choice: {err}"
     where = f"this server's GPU ({run.manager.device})" if run.manager.cuda else "this CPU"
-    label = setup.size_label  # "custom" for a --checkpoint model
-    head = f"**{decl.tab} {label}**, input {setup.input_note}, on {where}."
+    # the size is "custom" for a --checkpoint model; a Sapiens v1 model adds its generation and licence
+    head = f"**{model_label(setup)}**, input {setup.input_note}, on {where}."
     if run.manager.cuda:
         return f"{head} The readout shows the frames/s and latency measured on it."
     # the Video tab's figure for the same model (one source): a loaded custom checkpoint has one

@@ -6,7 +6,8 @@ masking); the foreground comes from the body-part segmentation (class > 0). Show
 pointmap tab shows depth: turbo colours of inverse depth on the foreground, bounds at its 1st
 and 99th percentiles, background grey (the demo's inferno of inverted min-max depth is the
 alternative, docs/SAPIENS_V1.md). Downloads: the raw ``.npy`` in the model's units, a 16-bit PNG
-of the foreground (min-max over it, 0 = background), the picture and the mask.
+of the foreground (min-max over it, 0 = background), the picture, the mask, and the foreground in
+3D, shape up to scale under an assumed field of view (``relative_depth_3d``).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from ..registry import Task, Video, View
 from ..result_record import ResultArray, array_record, save_arrays
 from ..seg.seg_pipeline import TASK as SEG
 from ..seg.seg_pipeline import NearestLabels, SegLogits
+from .relative_depth_3d import ASSUMED_FOV_DEG, THREE_D_FILES, THREE_D_LABEL, assumed_focal_px, write_depth_3d
 
 #: said wherever v1 depth is shown: its values have no unit
 RELATIVE_NOTE = (
     "Sapiens v1 depth is relative, not metric: larger is farther within one photo, but the values "
-    "have no unit and are not comparable between photos. For metric 3D use the Pointmap tab."
+    "have no unit and are not comparable between photos. Its 3D view is the shape up to scale under "
+    f"an assumed {ASSUMED_FOV_DEG:g}° field of view; for metric 3D use the Pointmap tab."
 )
 
 
@@ -74,6 +77,12 @@ class DepthResult(TaskResult):
             "note": RELATIVE_NOTE,
             "foreground_pixels": int(self.mask.sum()),
             "png16_range": None if bounds is None else {"value_1": bounds[0], "value_65535": bounds[1]},
+            "3d": {
+                "shape": "up to scale (depth up to one factor: the model's scale-invariant log loss)",
+                "assumed_horizontal_fov_deg": ASSUMED_FOV_DEG,
+                "assumed_focal_px": assumed_focal_px(self.depth.shape[1]),
+                "files": [f"{self.name}{suffix}" for suffix in THREE_D_FILES],
+            },
             "notices": list(self.notices),
         }
 
@@ -84,8 +93,10 @@ class DepthResult(TaskResult):
         self, out_dir: str | Path, *, rendered: np.ndarray | None = None, writer: Writer = NOW
     ) -> list[Path]:
         """Writes ``<name>_depth.npy`` (raw, float32), ``<name>_depth16.png`` (:meth:`png16`),
-        ``<name>_depth.png`` (the render), ``<name>_depth_mask.png`` and ``<name>_depth.json``
-        (what the 16-bit PNG's values mean)."""
+        ``<name>_depth.png`` (the render), ``<name>_depth_mask.png``, ``<name>_depth.json`` (what
+        the 16-bit PNG's values mean) and the foreground in 3D
+        (:func:`~sapiens2.tasks.relative_depth.relative_depth_3d.write_depth_3d`: point cloud PLY
+        and GLB, the viewer's mesh preview GLB)."""
         from ...outputs.export import safe_path, write_json, write_png
 
         def path(suffix: str) -> Path:
@@ -96,6 +107,7 @@ class DepthResult(TaskResult):
             write_png(path("_depth16.png"), self.png16(), writer=writer),
             write_png(path("_depth.png"), self.render() if rendered is None else rendered, writer=writer),
             write_json(path("_depth.json"), self.to_dict(), writer=writer),
+            *write_depth_3d(out_dir, self.name, self.depth, self.mask, self.image, writer=writer),
         ]
 
 
@@ -156,6 +168,11 @@ class DepthPipeline(SegMaskedPipeline):
 
 _needs, _work = seg_borrowing("use_segmentation", default=True)
 
+
+def _mesh_preview(result: Any, files: list[Path]) -> str | None:
+    return next((str(p) for p in files if p.name.endswith("_depth_mesh_preview.glb")), None)
+
+
 ARRAYS = (
     ResultArray("depth", "float32", "relative depth per pixel, the model's units", files=("_depth.npy",)),
     ResultArray("mask", "bool", "the person mask", files=("_depth_mask.png",)),
@@ -167,9 +184,9 @@ TASK = Task(
     pipeline=DepthPipeline,
     tab="Depth (v1)",
     button="Run depth",
-    summary="Depth (Sapiens v1): relative depth per pixel of the person, not metric.",
+    summary="Depth (Sapiens v1): relative depth per pixel of the person, not metric, and its 3D shape up to scale.",
     result_label="Relative depth",
-    downloads="Downloads (raw depth NPY, 16-bit depth PNG, picture, mask, JSON)",
+    downloads="Downloads (raw depth NPY, 16-bit depth PNG, picture, mask, JSON, point cloud PLY / GLB, mesh GLB)",
     work=_work,
     options=(
         Option(
@@ -181,7 +198,10 @@ TASK = Task(
             "the foreground from the body-part model",
         ),
     ),  # fmt: skip
-    views=(View("json", "Relative depth (not metric)", lambda result, files: result.to_dict()),),
+    views=(
+        View("json", "Relative depth (not metric)", lambda result, files: result.to_dict()),
+        View("model3d", f"3D mesh ({THREE_D_LABEL})", _mesh_preview),
+    ),
     borrows=(SEG,),
     needs=_needs,
     cli_aliases={"use_segmentation": ("--segmentation",)},
