@@ -172,7 +172,7 @@ def test_examples_and_buttons_never_run_more_models_at_once_than_the_limit(serve
     photo = {"path": server.upload(EXAMPLE), "meta": META}
     jobs = [(example_run(server, "pose"), [0]), (example_run(server, "seg"), [0])]
     jobs += [((fn_index(server, "seg"), None), [photo, None, None, None])]
-    jobs += [((fn_index(server, "features"), None), [photo, None])]
+    jobs += [((fn_index(server, "features"), None), [photo, None, False])]  # per_person off
     outcomes: list[Any] = [None] * len(jobs)
 
     def run(i: int) -> None:

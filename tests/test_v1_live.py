@@ -92,7 +92,8 @@ def test_v1_dense_tasks_run_live_with_v1_processing_and_are_marked(v1_file, offl
             assert session._setup.hw is None  # the release's input, not 512x384
             pipe = manager.get(T(task))
             assert pipe.rules.generation == "Sapiens v1" and pipe.network_hw == (1024, 768)
-            [result] = run_batch(pipe, [load_image(camera())], {})
+            # Live's labels: the network argmax enlarged nearest-neighbour (docs/LIVE.md)
+            [result] = run_batch(pipe, [load_image(camera())], {"nearest_labels": True})
             if task == "depth":  # the depth handler's colour scale, on the v1 depth's foreground
                 assert session._setup.scale is not None and session._setup.scale.bounds is not None
                 assert result.mask.any()
