@@ -15,7 +15,6 @@ from sapiens2.inputs.network import PadInfo
 from sapiens2.tasks import registry
 from sapiens2.tasks.pointmap.pointmap_pipeline import PointmapRaw
 from sapiens2.tasks.seg import seg_logits as exact_module
-from sapiens2.tasks.seg import seg_nearest
 from sapiens2.tasks.seg.seg_logits import SegLogits, finite_logits
 from sapiens2.tasks.seg.seg_nearest import NearestLabels, nearest_index, network_labels
 
@@ -30,9 +29,9 @@ def _logits(c: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("step", [seg_nearest._CPU_STEP, 7])
+@pytest.mark.parametrize("step", [exact_module._CPU_STEP, 7])
 def test_the_network_argmax_is_torch_s_with_ties_to_the_first_class(step, monkeypatch) -> None:
-    monkeypatch.setattr(seg_nearest, "_CPU_STEP", step)  # 7: many steps and a short last one
+    monkeypatch.setattr(exact_module, "_CPU_STEP", step)  # 7: many steps and a short last one
     x = _logits(29, 9, 11)
     notices: list[str] = []
     got = network_labels(x, notices)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ...runtime.cpus import available_cpus, cpu_pool
@@ -56,6 +57,40 @@ def _mixed_cells(low: torch.Tensor) -> torch.Tensor:
     down = torch.cat([low[1:], low[-1:]], 0)
     diag = torch.cat([right[1:], right[-1:]], 0)
     return (low != right) | (low != down) | (low != diag)
+
+
+#: Pixels per step of the CPU argmax: the step's class planes (29 x 32 k floats, 3.8 MB) and its
+#: hit bytes stay in the cache between the max and the compare.
+_CPU_STEP = 1 << 15
+
+
+def class_argmax(flat: torch.Tensor) -> torch.Tensor | None:
+    """(C, N) float logits -> (N,) uint8 ``argmax(0)``, the first class among ties, for C <= 255,
+    on the tensor's device; None where a pixel's maximum is NaN or infinite (the caller chooses:
+    torch's argmax, or finite logits first). On a GPU one ``max(0)`` gives both.
+
+    numpy's max over the classes and the compare with it are vectorised (torch's and numpy's own
+    argmax over a leading axis are not); a class's hit times its rank (the first class ranks
+    highest) and a byte max pick the first maximal class: two float passes and two byte passes."""
+    if flat.device.type != "cpu":
+        best, idx = flat.max(0)
+        return idx.to(torch.uint8) if bool(torch.isfinite(best).all()) else None
+    flat = flat.float().numpy()  # strided views work as they are
+    c, n = flat.shape
+    rank = np.arange(c, 0, -1, dtype=np.uint8)[:, None]
+    out = np.empty(n, np.uint8)
+    step = min(n, _CPU_STEP)
+    best = np.empty((1, step), flat.dtype)
+    hits = np.empty((c, step), bool)
+    for a in range(0, n, step):
+        e = min(n, a + step)
+        part = flat[:, a:e]
+        top = np.max(part, 0, keepdims=True, out=best[:, : e - a])
+        if not np.isfinite(top).all():
+            return None
+        hit = np.equal(part, top, out=hits[:, : e - a]).view(np.uint8)
+        np.max(np.multiply(hit, rank, out=hit), 0, out=out[a:e])
+    return torch.from_numpy(np.subtract(c, out, out=out))
 
 
 def _argmax(x: torch.Tensor, dim: int, work: torch.Tensor | None = None) -> torch.Tensor:
@@ -155,16 +190,12 @@ class SegLogits:
         """(C, h, w) float logits (on any device) -> the compact form on the same device."""
         c, h, w = logits.shape
         flat = logits.float().reshape(c, h * w)
-        if flat.device.type == "cpu":  # torch's argmax over classes is scalar code on the CPU
-            step = max(1, _STEP["cpu"] // c)
-            work = _buffer(c * min(step, h * w), flat)
-            parts = [
-                _argmax(flat[:, a : a + step], 0, work[: c * min(step, h * w - a)].view(c, -1))
-                for a in range(0, h * w, step)
-            ]
-            low = torch.cat(parts).view(h, w)
-        else:  # and fast on a GPU, where _argmax's checks would only add syncs
-            low = flat.argmax(0).to(torch.uint8).view(h, w)
+        # torch's argmax over classes is scalar code on the CPU; on a GPU it is fast, and the
+        # finite check would only add a sync
+        low = class_argmax(flat) if flat.device.type == "cpu" and c <= 255 else None
+        if low is None:  # (or a NaN or infinite maximum: torch's argmax, NaN wins, as the release)
+            low = flat.argmax(0).to(torch.uint8)
+        low = low.view(h, w)
         mixed = _mixed_cells(low)
         need = mixed.clone()  # a pixel is needed when it is a corner of a mixed cell
         need[:, 1:] |= mixed[:, :-1]
@@ -344,4 +375,4 @@ def finite_logits(logits: torch.Tensor, notices: list[str]) -> torch.Tensor:
     return torch.nan_to_num(logits.float(), nan=_NEG_FILL, posinf=_POS_FILL, neginf=_NEG_FILL)
 
 
-__all__ = ["SegLogits", "finite_logits"]
+__all__ = ["SegLogits", "class_argmax", "finite_logits"]

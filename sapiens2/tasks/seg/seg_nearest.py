@@ -17,62 +17,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .seg_logits import finite_logits
-
-#: Pixels per step of the CPU argmax: the step's class planes (29 x 32 k floats, 3.8 MB) and its
-#: hit bytes stay in the cache between the max and the compare.
-_CPU_STEP = 1 << 15
-
-
-class _NotFinite(Exception):
-    """A pixel's maximum logit is NaN or infinite."""
-
-
-def _cpu_argmax(flat: np.ndarray) -> np.ndarray:
-    """(C, N) float32 -> (N,) uint8 argmax, the first class among ties, for C <= 255; raises
-    :class:`_NotFinite` where a pixel's maximum is not finite (NaN propagates into the maximum).
-
-    numpy's max over the classes and the compare with it are vectorised (torch's and numpy's own
-    argmax over a leading axis are not); a class's hit times its rank (the first class ranks
-    highest) and a byte max pick the first maximal class: two float passes and two byte passes."""
-    c, n = flat.shape
-    rank = np.arange(c, 0, -1, dtype=np.uint8)[:, None]
-    out = np.empty(n, np.uint8)
-    step = min(n, _CPU_STEP)
-    best = np.empty((1, step), flat.dtype)
-    hits = np.empty((c, step), bool)
-    for a in range(0, n, step):
-        e = min(n, a + step)
-        part = flat[:, a:e]
-        top = np.max(part, 0, keepdims=True, out=best[:, : e - a])
-        if not np.isfinite(top).all():
-            raise _NotFinite
-        hit = np.equal(part, top, out=hits[:, : e - a]).view(np.uint8)
-        np.max(np.multiply(hit, rank, out=hit), 0, out=out[a:e])
-    return np.subtract(c, out, out=out)
+from .seg_logits import class_argmax, finite_logits
 
 
 def network_labels(logits: torch.Tensor, notices: list[str]) -> torch.Tensor:
     """(C, h, w) logits (any device, any float dtype) -> (h, w) uint8 argmax on that device, the
     first class among ties, as ``finite_logits`` then ``argmax`` give it.
 
-    The non-finite check rides on the argmax's own maximum (a NaN or an infinite maximum shows
-    there): only then are the logits made finite, with ``finite_logits``' notice, and the argmax
-    taken again. A -inf below a pixel's maximum changes no label and goes without a notice."""
+    The non-finite check rides on the argmax's own maximum (:func:`class_argmax`): only where a
+    maximum is NaN or infinite are the logits made finite, with ``finite_logits``' notice, and the
+    argmax taken again. A -inf below a pixel's maximum changes no label and goes without a notice."""
     c, h, w = logits.shape
     if c > 255:  # the labels are bytes
         return finite_logits(logits.float(), notices).argmax(0).to(torch.uint8)
-    if logits.device.type != "cpu":
-        best, idx = logits.max(0)  # one pass gives both
-        if bool(torch.isfinite(best).all()):
-            return idx.to(torch.uint8)
-        return finite_logits(logits.float(), notices).argmax(0).to(torch.uint8)
-    flat = logits.float().reshape(c, h * w).contiguous().numpy()
-    try:
-        return torch.from_numpy(_cpu_argmax(flat)).view(h, w)
-    except _NotFinite:
-        fixed = finite_logits(logits.float(), notices).reshape(c, h * w).contiguous().numpy()
-        return torch.from_numpy(_cpu_argmax(fixed)).view(h, w)
+    low = class_argmax(logits.float().reshape(c, h * w))
+    if low is None:
+        low = class_argmax(finite_logits(logits.float(), notices).reshape(c, h * w))
+    return low.view(h, w)
 
 
 def nearest_index(n_out: int, n_in: int) -> np.ndarray:
