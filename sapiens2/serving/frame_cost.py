@@ -20,15 +20,20 @@ from ..tasks.registry import Task
 from .cache import CUSTOM, ModelManager
 
 
+def _frame_models(task: Task, infer_opts: Mapping[str, Any]) -> list[Task]:
+    """The models one frame runs: the task's own forwards (twice with pose's flip test) and the
+    ones it borrows."""
+    return [task] * task.work(infer_opts).forwards + list(task.needs(infer_opts))
+
+
 def frame_network_pixels(
     task: Task, size: str, infer_opts: Mapping[str, Any], hw: tuple[int, int] | None = None
 ) -> int:
     """Network-input pixels of one frame's forwards (the same forwards :func:`frame_macs` counts),
     for the part of their cost that follows pixels, not multiply-accumulates
     (:data:`~sapiens2.models.cost.CPU_NETWORK_PIXEL_S`)."""
-    models = [task] * task.work(infer_opts).forwards + list(task.needs(infer_opts))
     pixels = 0
-    for t in models:
+    for t in _frame_models(task, infer_opts):
         own = size if size in t.spec.sizes else t.spec.default_size(False)
         h, w = hw or t.spec.input_size(own)
         pixels += h * w
@@ -47,8 +52,7 @@ def frame_macs(
     ``forward(task, size, hw)`` (default :func:`forward_macs`) at the network input ``hw`` (None:
     each model's own). None when a forward has no figure."""
     forward = forward or forward_macs
-    models = [task] * task.work(infer_opts).forwards + list(task.needs(infer_opts))
-    macs = [forward(t, size, hw) for t in models]
+    macs = [forward(t, size, hw) for t in _frame_models(task, infer_opts)]
     return None if None in macs else sum(m for m in macs if m is not None)
 
 
