@@ -175,6 +175,20 @@ def _wrong_detector(detector: Any) -> OptionError:
     )
 
 
+def runs_apart(detector: Any) -> bool:
+    """``detector`` is a DETR ("auto", a checkpoint path, a PersonDetector), which can run on its
+    own small input in a device step; not no detector or a callable (they take the photo)."""
+    return isinstance(detector, (str, os.PathLike, PersonDetector))
+
+
+def people_input(detector: Any, image: np.ndarray) -> DetectorInput | None:
+    """``image``'s input to ``detector`` made on the CPU (a PersonDetector's resize rule, or the
+    DETR's default for "auto" or a checkpoint path); None when it does not run apart."""
+    if isinstance(detector, PersonDetector):
+        return detector.input_for(image)
+    return detector_input(image) if runs_apart(detector) else None
+
+
 def load_detector(detector: Any, device: torch.device | str | None = None) -> Any:
     """What :func:`detect_people` runs for ``detector``, loaded now: ``"auto"`` -> the shared DETR
     (None when its weights are missing here); a path -> that checkpoint's DETR (raises when it is

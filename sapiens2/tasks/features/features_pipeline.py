@@ -7,7 +7,6 @@ appearance vector from the same forward: the patch features pooled over their bo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -128,14 +127,11 @@ class FeaturesPipeline(Pipeline):
 
     def _people_input(self, work: np.ndarray) -> Any:
         """What the detector needs in :meth:`infer`: a DETR's small input made here on the CPU
-        (not the photo), or the working copy for a callable detector."""
-        from ...models.detector import PersonDetector, detector_input
+        (not the photo), or the working copy for a callable detector or none."""
+        from ...models.detector import people_input
 
-        if isinstance(self.detector, PersonDetector):
-            return self.detector.input_for(work)
-        if isinstance(self.detector, (str, os.PathLike)):
-            return detector_input(work)
-        return work
+        found = people_input(self.detector, work)
+        return work if found is None else found
 
     def infer(self, batch: list[FeaturesPrep], *, per_person: bool = False, **_: Any) -> list[FeaturesRaw]:
         timings = [Timing() for _ in batch]

@@ -12,7 +12,6 @@ docs/FIDELITY_POSE.md compares each step with the release.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -137,20 +136,16 @@ class PosePipeline(Pipeline):
         (:meth:`prepare` knows the people, or a callable detector needs the photo in :meth:`infer`).
         With it, a batch finds the people in a device step of its own (:meth:`find_people`) and
         prepares the crops after it, so the photo never goes to a device step."""
-        from ...models.detector import PersonDetector, detector_input
+        from ...models.detector import people_input
 
-        if boxes is not None or not self.people_apart():
-            return None
-        if isinstance(self.detector, PersonDetector):
-            return self.detector.input_for(intake.work)
-        return detector_input(intake.work)  # "auto" or a checkpoint: the DETR's own resize rule
+        return None if boxes is not None else people_input(self.detector, intake.work)
 
     def people_apart(self) -> bool:
         """The people come from a DETR (``"auto"``, a checkpoint path, a PersonDetector), which
         :meth:`find_people` can run on its inputs alone; not for no detector or a callable."""
-        from ...models.detector import PersonDetector
+        from ...models.detector import runs_apart
 
-        return isinstance(self.detector, (str, os.PathLike, PersonDetector))
+        return runs_apart(self.detector)
 
     def warm_people(self) -> None:
         """Load the detector :meth:`find_people` runs, now: a missing or broken DETR checkpoint
