@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from source_trees import parse_file
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "sapiens2"
 
@@ -56,7 +58,7 @@ def package_of(path: Path) -> str:
 
 
 def imports_of(path: Path) -> Iterator[Import]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    tree = parse_file(path)
     name = module_name(path)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -213,7 +215,7 @@ def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
 
 def _in_a_function(path: Path) -> Callable[[int], bool]:
     """Whether a line of ``path`` lies inside one of its functions."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parse_file(path)
     kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
     spans = [(n.lineno, n.end_lineno or 0) for n in ast.walk(tree) if isinstance(n, kinds)]
     return lambda line: any(a < line <= b for a, b in spans)
@@ -251,7 +253,7 @@ def shared_class_names(paths: list[Path]) -> dict[str, list[str]]:
     """Class name -> ``file:line`` of each class of that name, where more than one has it."""
     seen: dict[str, list[str]] = {}
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_file(path)):
             if isinstance(node, ast.ClassDef):
                 seen.setdefault(node.name, []).append(f"{path.name}:{node.lineno}")
     return {name: where for name, where in seen.items() if len(where) > 1}
