@@ -8,6 +8,9 @@ Sections (``--sections``, default all):
 - ``request``: the whole CPU pose request (bench/request.py's stages: read a 1920x1080 JPEG,
   crop, model, decode, render, save) with one given person box (no detector), pose ``--pose-size``.
 - ``int8``: int8's error on every ``--int8-tasks`` output at ``--int8-size`` (random weights).
+- ``gemm``: the ceiling: one linear layer of the 0.1b backbone at 1024x768 (3081 tokens, 768 ->
+  2304, the fused qkv) in torch fp32, ORT fp32 and ORT int8 (the same one-node graph through
+  ``quantize_dynamic``), in GFLOP/s; not in the default sections.
 
 Models have the published shapes and random weights (nothing is downloaded), so the errors say
 how int8 moves these networks' numbers, not how it changes results on trained weights. Not a test:
@@ -160,7 +163,7 @@ def _line(row: dict[str, Any]) -> str:
     if row["errors"]:
         err = "  " + ", ".join(f"{k} {v:.3g}" for k, v in row["errors"].items())
     return (
-        f"  {row['what']:16s} b{row['batch']}  {row['impl']:10s} {row['median_s']:8.2f} s  "
+        f"  {row['what']:16s} b{row['batch']}  {row['impl']:10s} {row['median_s']:8.3f} s  "
         f"x{row['speedup_vs_torch']:.2f}  load {row['load_before']}-{row['load_after']}{err}"
     )
 
@@ -179,6 +182,12 @@ def request_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]
 
     results = {k: pipes[k](req.read_photo(str(photo)), **req.infer_kwargs(case)) for k in pipes}
     ref = results["torch fp32"].keypoints
+    # the networks' own difference: with random weights the heatmaps are nearly flat, so a tiny
+    # difference can move an argmax across the crop; the heatmaps say whether the export is right
+    x = torch.randn(1, 3, *impl["ORT fp32"].input_hw, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        heat_ref = impl["torch fp32"](x)
+        heat_errs = {k: errors(heat_ref, impl[k](x), "pose") for k in IMPLS[1:]}
     l0 = load()
     times = alternate({k: call(k) for k in pipes}, args.runs)
     rows = []
@@ -188,6 +197,7 @@ def request_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]
         errs = {
             "keypoints max px": float(np.abs(kp - ref).max()),
             "model s": statistics.median(r["model"] for r in runs),
+            **heat_errs.get(name, {}),
         }
         row = _row("request", f"pose {args.pose_size} 1p 1080p", 1, name, times, l0, errs)
         rows.append(row)
@@ -223,6 +233,51 @@ def int8_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def gemm_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper, save_model
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tokens, d_in, d_out = 64 * 48 + 9, 768, 3 * 768
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((d_in, d_out)).astype(np.float32) / d_in**0.5
+    x = rng.standard_normal((tokens, d_in)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [tokens, d_in])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [tokens, d_out])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    fp32 = folder / "linear.onnx"
+    save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(fp32))
+    int8 = folder / "linear_int8.onnx"
+    quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = args.threads
+    sessions = {
+        "ORT fp32": ort.InferenceSession(str(fp32), opts),
+        "ORT int8": ort.InferenceSession(str(int8), opts),
+    }
+    xt, wt = torch.from_numpy(x), torch.from_numpy(w)
+
+    def torch_mm() -> None:
+        with torch.inference_mode():
+            torch.mm(xt, wt)
+
+    calls = {"torch fp32": torch_mm} | {k: (lambda s=s: s.run(None, {"x": x})) for k, s in sessions.items()}
+    l0 = load()
+    times = alternate(calls, max(args.runs, 15))
+    flop = 2 * tokens * d_in * d_out
+    rows = []
+    for name in IMPLS:
+        row = _row("gemm", "linear 768->2304", 1, name, times, l0, None)
+        row["gflops"] = round(flop / statistics.median(times[name]) / 1e9, 1)
+        rows.append(row)
+        print(_line(row) + f"  {row['gflops']} GFLOP/s", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sections", default="forward,request,int8")
@@ -254,7 +309,7 @@ def main() -> None:
         f"# torch {meta['torch']}, onnxruntime {meta['onnxruntime']}, {args.threads} threads, load {meta['load_start']}"
     )
     rows: list[dict[str, Any]] = []
-    sections = {"forward": forward_rows, "request": request_rows, "int8": int8_rows}
+    sections = {"forward": forward_rows, "request": request_rows, "int8": int8_rows, "gemm": gemm_rows}
     with tempfile.TemporaryDirectory(prefix="sapiens2-onnx-bench-") as tmp:
         for name in args.sections.split(","):
             rows += sections[name](args, Path(tmp))

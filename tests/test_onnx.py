@@ -169,6 +169,38 @@ def test_int8_is_close_and_smaller(onnx_files: dict, int8_files: dict) -> None:
             assert 0 < rel_err(r, g) < 0.2, (task, field)  # quantised: not equal, not far
 
 
+def test_the_benchs_attention_rewrite_fuses_every_layer_and_keeps_the_numbers(
+    onnx_files: dict, tiny_checkpoints: dict
+) -> None:
+    """bench/onnx_attention.py --forward: its graph rewrite (MatMul/Softmax/MatMul into ORT's fused
+    MultiHeadAttention) matches every layer of a real export and leaves the outputs unchanged."""
+    import importlib.util
+
+    import onnxruntime as ort
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_onnx_attention", Path(__file__).resolve().parents[1] / "bench" / "onnx_attention.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path = onnx_files["features"]
+    heads = load_model("features", checkpoint=tiny_checkpoints["features"]).config.heads
+    x = np.random.default_rng(3).standard_normal((2, 3, *OnnxModel(path).input_hw)).astype(np.float32)
+    plain = ort.InferenceSession(str(path)).run(None, {"pixel_values": x})
+    proto = onnx.load(str(path))
+    layers = sum(n.op_type == "Softmax" for n in proto.graph.node)
+    assert layers > 0 and bench.fuse_attention(proto, heads) == layers
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("MultiHeadAttention") == layers and "Softmax" not in ops
+    fused = ort.InferenceSession(proto.SerializeToString()).run(None, {"pixel_values": x})
+    for a, b in zip(plain, fused, strict=True):
+        assert float(np.abs(a - b).max() / np.abs(a).max()) < 1e-5
+    wrong = onnx.load(str(path))
+    bench.fuse_attention(wrong, heads // 2)  # the fused node is what runs: a wrong head count fails
+    with pytest.raises(Exception, match="MultiHeadAttention"):
+        ort.InferenceSession(wrong.SerializeToString()).run(None, {"pixel_values": x})
+
+
 def test_cli_export_and_run(
     onnx_files: dict, int8_files: dict, tiny_checkpoints: dict, tmp_path: Path, capsys, monkeypatch
 ) -> None:
