@@ -87,7 +87,11 @@ def shape_model(task: str, size: str, device: torch.device, dtype: torch.dtype) 
 
     from sapiens2.models.nn.model import build_from_shapes
 
-    model, _ = build_from_shapes(zoo_shapes(task, size), device=device)
+    try:
+        shapes = zoo_shapes(task, size)
+    except ValueError as e:  # albedo: no published head shape (its weights are not on the Hub)
+        raise SystemExit(f"{task} {size}: no published shape to build ({e}); use its tiny checkpoint") from e
+    model, _ = build_from_shapes(shapes, device=device)
     return model.to(dtype).eval()
 
 
