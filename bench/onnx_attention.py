@@ -93,7 +93,7 @@ def fuse_attention(proto: Any, heads: int) -> int:
     def attr(node: Any, name: str) -> Any:
         return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
-    replaced: dict[int, list[Any]] = {}  # position of the Reshape -> the nodes that take its place
+    replaced: dict[int, list[Any]] = {}  # id of the Reshape -> the nodes that take its place
     for soft in (n for n in nodes if n.op_type == "Softmax" and attr(n, "axis") in (-1, 3)):
         scores = producer.get(soft.input[0])
         out = only_user(soft.output[0], "MatMul")
@@ -116,8 +116,8 @@ def fuse_attention(proto: Any, heads: int) -> int:
         q, k, v = q_scaled.input[0], k_t.input[0], out.input[1]
         tag = soft.name or soft.output[0]
         shape = f"{tag}/fused_q_shape"
-        graph.initializer.append(helper.make_tensor(shape, 7, [3], [0, 0, -1]))  # 7: INT64
-        replaced[nodes.index(joined)] = [
+        graph.initializer.append(helper.make_tensor(shape, TensorProto.INT64, [3], [0, 0, -1]))
+        replaced[id(joined)] = [
             helper.make_node("Transpose", [q], [f"{tag}/fused_q_bsnh"], perm=[0, 2, 1, 3]),
             helper.make_node("Reshape", [f"{tag}/fused_q_bsnh", shape], [f"{tag}/fused_q"]),
             helper.make_node(
@@ -131,9 +131,7 @@ def fuse_attention(proto: Any, heads: int) -> int:
         ]
     if not replaced:
         return 0
-    rebuilt = []
-    for i, n in enumerate(nodes):
-        rebuilt.extend(replaced.get(i, [n]))
+    rebuilt = [new for n in nodes for new in replaced.get(id(n), [n])]
     del graph.node[:]
     graph.node.extend(_live(rebuilt, [o.name for o in graph.output]))
     if not any(o.domain == "com.microsoft" for o in proto.opset_import):
@@ -159,13 +157,11 @@ def _same_value(producer: dict[str, Any], a: str, b: str) -> bool:
 def _live(nodes: list[Any], outputs: list[str]) -> list[Any]:
     """``nodes`` (in order) that the graph's ``outputs`` depend on."""
     producer = {out: n for n in nodes for out in n.output}
-    needed, stack, seen = set(), list(outputs), set()
+    needed, stack = set(), list(outputs)
     while stack:
-        name = stack.pop()
-        n = producer.get(name)
-        if n is None or id(n) in seen:
+        n = producer.get(stack.pop())
+        if n is None or id(n) in needed:
             continue
-        seen.add(id(n))
         needed.add(id(n))
         stack.extend(i for i in n.input if i)
     return [n for n in nodes if id(n) in needed]

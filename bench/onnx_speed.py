@@ -244,7 +244,8 @@ def int8_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
 def gemm_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper, save_model
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from sapiens2.models.onnx_export import _quantize  # the package's own int8 settings
 
     tokens, d_in, d_out = 64 * 48 + 9, 768, 3 * 768
     rng = np.random.default_rng(0)
@@ -259,8 +260,7 @@ def gemm_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     )
     fp32 = folder / "linear.onnx"
     save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(fp32))
-    int8 = folder / "linear_int8.onnx"
-    quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+    int8 = _quantize(fp32, folder / "linear_int8.onnx")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = args.threads
     sessions = {
